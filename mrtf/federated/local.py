@@ -1,0 +1,106 @@
+"""The client update: SGD with momentum on a party's own data (FedAvg, FedProx)."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class LocalConfig:
+    """Client-update settings (reference defaults: SGD lr 0.01-0.05, momentum 0.9, wd 1e-5,
+    batch 64, grad-clip 100). ``steps`` overrides ``epochs`` when set; ``mu`` > 0 adds FedProx's
+    proximal term μ/2·‖θ − θ_global‖²."""
+
+    epochs: int = 2
+    steps: int | None = None
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 1e-5
+    batch_size: int = 64
+    clip: float = 100.0
+    mu: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1 and not self.steps:
+            raise ValueError("epochs must be >= 1 (or steps given)")
+        if self.lr <= 0 or self.batch_size < 1 or self.mu < 0:
+            raise ValueError("lr and batch_size must be positive and mu >= 0")
+
+
+@dataclass
+class LocalResult:
+    """A trained client model with what it reports to the server."""
+
+    model: nn.Module
+    train_loss: float  # mean cross-entropy over the local steps
+    label_counts: list[int]
+    n_samples: int
+
+
+def local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int,
+                config: LocalConfig, seed: int, device: torch.device | str = "cpu",
+                control: dict[str, torch.Tensor] | None = None) -> LocalResult:
+    """Train a copy of ``model`` on (x (n, ...), y (n,)); ``model`` itself is not changed.
+
+    ``control`` (SCAFFOLD's c − c_k, per parameter name) is added to every gradient if given.
+    """
+    local = copy.deepcopy(model).to(device).train()
+    start = [p.detach().clone() for p in local.parameters()] if config.mu > 0 else None
+    opt = torch.optim.SGD(local.parameters(), lr=config.lr, momentum=config.momentum,
+                          weight_decay=config.weight_decay)
+    gen = torch.Generator().manual_seed(seed)
+    n = len(x)
+    batch = min(config.batch_size, n)
+    steps = config.steps or config.epochs * max(1, int(np.ceil(n / batch)))
+    losses: list[float] = []
+    order = torch.randperm(n, generator=gen)
+    cursor = 0
+    named = dict(local.named_parameters())
+    for _ in range(steps):
+        if cursor + batch > n:
+            order, cursor = torch.randperm(n, generator=gen), 0
+        idx = order[cursor:cursor + batch]
+        cursor += batch
+        xb, yb = x[idx].to(device), y[idx].to(device)
+        if len(idx) == 1 and _has_batchnorm(local):
+            continue  # BatchNorm cannot train on a single sample
+        loss = F.cross_entropy(local(xb), yb)
+        total = loss
+        if start is not None:
+            prox = sum(((p - p0) ** 2).sum() for p, p0 in zip(local.parameters(), start))
+            total = loss + 0.5 * config.mu * prox
+        opt.zero_grad(set_to_none=True)
+        total.backward()
+        if control is not None:
+            for name, c in control.items():
+                if named[name].grad is not None:
+                    named[name].grad.add_(c.to(device))
+        if config.clip > 0:
+            nn.utils.clip_grad_norm_(local.parameters(), config.clip)
+        opt.step()
+        losses.append(float(loss.detach()))
+    counts = torch.bincount(y.cpu().long(), minlength=num_classes).tolist()
+    return LocalResult(model=local.eval(), train_loss=float(np.mean(losses)) if losses else
+                       float("nan"), label_counts=counts, n_samples=n)
+
+
+def _has_batchnorm(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+@torch.inference_mode()
+def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024,
+             device: torch.device | str = "cpu") -> float:
+    """Per-sample accuracy (not a mean of per-batch accuracies)."""
+    model = model.to(device).eval()
+    correct = 0
+    for start in range(0, len(x), batch_size):
+        pred = model(x[start:start + batch_size].to(device)).argmax(1).cpu()
+        correct += int((pred == y[start:start + batch_size]).sum())
+    return correct / max(1, len(x))

@@ -1,0 +1,15 @@
+"""Model zoo and registry. Every model gives ``forward_features(x) -> (features, logits)``."""
+
+from mrtf.models.registry import (
+    HookedModel,
+    available_archs,
+    build_model,
+    image_kwargs,
+    register,
+)
+from mrtf.models.zoo import VGG8, CharLSTM, ConvNet, FeatureModel, LeNet, MLPNet, ResNet
+
+__all__ = [
+    "CharLSTM", "ConvNet", "FeatureModel", "HookedModel", "LeNet", "MLPNet", "ResNet", "VGG8",
+    "available_archs", "build_model", "image_kwargs", "register",
+]
