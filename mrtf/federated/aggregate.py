@@ -35,3 +35,32 @@ def average_states(states: Sequence[dict[str, torch.Tensor]],
         else:
             out[key] = torch.stack(tensors).max(0).values
     return out
+
+
+def average_received(models: Sequence, by_samples: bool = True):
+    """θ_{t+1}: the parameter average of received local models (``ReceivedModel`` list).
+
+    Weighted by ``n_samples`` when every model reports it and ``by_samples`` is set, else
+    uniform (the MrTF paper's 1/|S_t|). All models must share one architecture.
+    Returns ``(model in eval mode, weights used)``.
+    """
+    from mrtf.errors import InputError
+    from mrtf.models import build_model
+
+    if not models:
+        raise InputError("no local models to average")
+    first = models[0].meta
+    for m in models[1:]:
+        if (m.meta.arch, m.meta.arch_kwargs) != (first.arch, first.arch_kwargs):
+            raise InputError("received models differ in architecture; there is no parameter "
+                             "average (give a student architecture or file)")
+    counts = [m.meta.n_samples for m in models]
+    if by_samples and all(c is not None and c > 0 for c in counts):
+        weights = [float(c) for c in counts]
+    else:
+        weights = [1.0] * len(models)
+    total = sum(weights)
+    weights = [w / total for w in weights]
+    model = build_model(first.arch, first.num_classes, **first.arch_kwargs)
+    model.load_state_dict(average_states([m.state_dict for m in models], weights))
+    return model.eval(), weights

@@ -10,6 +10,7 @@ from mrtf.io.bundles import (
     save_bundle,
 )
 from mrtf.io.hdf5 import (
+    ArraySource,
     H5Dataset,
     LabelSet,
     describe_h5,
@@ -20,7 +21,8 @@ from mrtf.io.hdf5 import (
 )
 
 __all__ = [
-    "BundleMeta", "H5Dataset", "LabelSet", "ReceivedModel", "ReceivedSet", "atomic_path",
+    "ArraySource", "BundleMeta", "H5Dataset", "LabelSet", "ReceivedModel", "ReceivedSet",
+    "atomic_path",
     "check_output", "describe_h5", "load_bundle", "load_received", "read_dataset", "read_labels",
     "save_bundle", "write_dataset", "write_labels",
 ]

@@ -103,6 +103,17 @@ class H5Dataset:
         for start in range(0, len(self), size):
             yield start, self.read(start, start + size)
 
+    def take(self, indices: np.ndarray) -> np.ndarray:
+        """Rows at ``indices`` (any order) as float32; reads them in sorted order."""
+        indices = np.asarray(indices, dtype=np.int64)
+        order = np.argsort(indices)
+        uniq, inverse = np.unique(indices[order], return_inverse=True)
+        x = self._file["x"][uniq]
+        x = x.astype(np.float32) / 255.0 if x.dtype == np.uint8 else x.astype(np.float32)
+        out = np.empty((len(indices), *x.shape[1:]), dtype=np.float32)
+        out[order] = x[inverse]
+        return out
+
     def close(self) -> None:
         self._file.close()
 
@@ -111,6 +122,49 @@ class H5Dataset:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class ArraySource:
+    """An in-memory dataset with the same reading interface as :class:`H5Dataset`."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray | None = None,
+                 ids: np.ndarray | None = None) -> None:
+        x = np.asarray(x)
+        if len(x) == 0:
+            raise InputError("the target set is empty (0 samples)")
+        self.x = x.astype(np.float32) / 255.0 if x.dtype == np.uint8 else \
+            x.astype(np.float32, copy=False)
+        self.y, self._ids = y, ids
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        return tuple(self.x.shape[1:])
+
+    @property
+    def has_labels(self) -> bool:
+        return self.y is not None
+
+    def labels(self) -> np.ndarray | None:
+        return None if self.y is None else np.asarray(self.y, dtype=np.int64)
+
+    def ids(self) -> np.ndarray | None:
+        return self._ids
+
+    def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        return self.x[start:stop]
+
+    def chunks(self, size: int = 4096) -> Iterator[tuple[int, np.ndarray]]:
+        for start in range(0, len(self), size):
+            yield start, self.x[start:start + size]
+
+    def take(self, indices: np.ndarray) -> np.ndarray:
+        return self.x[np.asarray(indices, dtype=np.int64)]
+
+    def close(self) -> None:
+        pass
 
 
 def read_dataset(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray | None]:
