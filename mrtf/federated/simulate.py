@@ -8,6 +8,9 @@ average ``mrtf refine --method fedavg`` computes from the exported files).
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -16,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mrtf.data import load_dataset, parse_split, split_clients, train_target_split
+from mrtf.data import BUILTIN, load_dataset, parse_split, split_clients, train_target_split
 from mrtf.device import pick_device
 from mrtf.errors import InputError
 from mrtf.federated.aggregate import average_states
@@ -45,6 +48,9 @@ class SimulationConfig:
 
     def validate(self) -> None:
         parse_split(self.split)
+        if self.dataset not in BUILTIN and not Path(self.dataset).is_file():
+            raise InputError(f"unknown dataset {self.dataset!r}; built-in: "
+                             f"{', '.join(BUILTIN)}, or a path to an .h5 file")
         if self.clients < 1:
             raise InputError(f"--clients must be >= 1, got {self.clients}")
         if not 0 < self.ratio <= 1:
@@ -154,24 +160,54 @@ def run_fedavg(cfg: SimulationConfig, fed: Federation | None = None,
     return SimulationResult(cfg, records, last, fed)
 
 
-def export_received(result: SimulationResult, directory: str | Path) -> list[Path]:
+def export_received(result: SimulationResult, directory: str | Path, force: bool = False
+                    ) -> list[Path]:
     """Write the last round's local models (role ``local``) and its starting global model θ_t
-    (role ``global``) as bundles into ``directory`` (created; must be empty or new)."""
+    (role ``global``) as bundles into ``directory``.
+
+    The files are written into a temporary folder beside it and renamed into place, so an
+    interrupted export leaves nothing half-written. An existing non-empty ``directory`` is
+    refused unless ``force`` (and then only if it holds nothing but model files).
+    """
     out = Path(directory)
-    if out.exists() and any(out.iterdir()):
-        raise InputError(f"{out} is not empty; choose a new directory or pass --force")
-    out.mkdir(parents=True, exist_ok=True)
+    check_received_dir(out, force)
     cfg, last, fed = result.config, result.last, result.federation
     base = dict(arch=cfg.arch, num_classes=fed.num_classes, arch_kwargs=fed.arch_kwargs,
                 round=last.round, extra={"mrtf.simulation": _config_json(cfg)})
-    paths = []
-    for k, res in zip(last.clients, last.results):
-        meta = BundleMeta(**base, party=f"client-{k:03d}", label_counts=res.label_counts,
-                          n_samples=res.n_samples, train_loss=res.train_loss, role="local")
-        paths.append(save_bundle(out / f"client-{k:03d}.safetensors", res.model, meta))
-    meta = BundleMeta(**base, party="server", role="global")
-    paths.append(save_bundle(out / "global-start.safetensors", last.start_state, meta))
-    return paths
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        names = []
+        for k, res in zip(last.clients, last.results):
+            meta = BundleMeta(**base, party=f"client-{k:03d}", label_counts=res.label_counts,
+                              n_samples=res.n_samples, train_loss=res.train_loss,
+                              role="local")
+            save_bundle(tmp / f"client-{k:03d}.safetensors", res.model, meta)
+            names.append(f"client-{k:03d}.safetensors")
+        save_bundle(tmp / "global-start.safetensors", last.start_state,
+                    BundleMeta(**base, party="server", role="global"))
+        names.append("global-start.safetensors")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return [out / n for n in names]
+
+
+def check_received_dir(out: Path, force: bool) -> None:
+    """Refuse a non-empty output directory unless ``force``; never delete non-model files."""
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out} exists and is not a directory")
+    if out.exists() and any(out.iterdir()):
+        if not force:
+            raise InputError(f"{out} is not empty; choose a new directory or pass --force")
+        others = [f.name for f in out.iterdir() if f.suffix not in (".safetensors", ".pt",
+                                                                     ".json")]
+        if others:
+            raise InputError(f"{out} holds files other than models ({others[0]}, ...); "
+                             "refusing to replace it")
 
 
 def export_target(result: SimulationResult, path: str | Path) -> Path:

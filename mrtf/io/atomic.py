@@ -22,8 +22,8 @@ def check_output(path: str | os.PathLike, force: bool = False,
         raise InputError(f"{out} exists; pass --force to replace it")
     if out.exists() and out.is_dir():
         raise InputError(f"{out} is a directory, not a file")
-    if not out.parent.exists():
-        raise InputError(f"{out.parent}: output directory does not exist")
+    if out.parent.exists() and not out.parent.is_dir():
+        raise InputError(f"{out.parent}: not a directory")
     return out
 
 
@@ -31,6 +31,7 @@ def check_output(path: str | os.PathLike, force: bool = False,
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it into place only if the block succeeds."""
     target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     tmp_path = Path(tmp)

@@ -1,0 +1,89 @@
+"""What every command shares: error handling, ``--quiet``/``--json``, output helpers."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from mrtf.errors import FusionError, InputError
+
+
+class MrtfGroup(click.Group):
+    """A click group that turns bad input into one line on stderr and exit code 2."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (InputError, FusionError) as exc:
+            click.echo(f"mrtf: error: {exc}", err=True)
+            ctx.exit(2)
+        except KeyboardInterrupt:
+            click.echo("mrtf: interrupted; nothing was written", err=True)
+            ctx.exit(130)
+
+
+def output_options(func: Callable) -> Callable:
+    """Add ``--quiet`` and ``--json`` and pass an :class:`Out` as ``out``."""
+
+    @click.option("--json", "as_json", is_flag=True,
+                  help="Print one machine-readable JSON summary on stdout (and nothing else).")
+    @click.option("--quiet", "-q", is_flag=True, help="No progress bars and no chatter.")
+    @functools.wraps(func)
+    def wrapper(*args: Any, as_json: bool, quiet: bool, **kwargs: Any) -> Any:
+        return func(*args, out=Out(quiet=quiet, as_json=as_json), **kwargs)
+
+    return wrapper
+
+
+class Out:
+    """Where a command's words go: chatter on stdout unless quiet or JSON mode."""
+
+    def __init__(self, quiet: bool = False, as_json: bool = False) -> None:
+        self.quiet, self.as_json = quiet, as_json
+
+    @property
+    def chatty(self) -> bool:
+        return not (self.quiet or self.as_json)
+
+    @property
+    def progress(self) -> bool:
+        """Progress bars only on an interactive terminal and when not quiet."""
+        return self.chatty and sys.stderr.isatty()
+
+    def say(self, text: str = "") -> None:
+        if self.chatty:
+            click.echo(text)
+
+    def warn(self, text: str) -> None:
+        if not self.quiet:
+            click.echo(f"mrtf: warning: {text}", err=True)
+
+    def summary(self, data: dict[str, Any]) -> None:
+        if self.as_json:
+            click.echo(json.dumps(data, sort_keys=True, default=_jsonable))
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
+
+
+def table(rows: list[list[Any]], header: list[str]) -> str:
+    """A plain fixed-width text table."""
+    cells = [[str(c) for c in header]] + [[_fmt(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    return "-" if value is None else str(value)

@@ -1,0 +1,46 @@
+"""The data-free branch of ``mrtf refine`` (no --data): FedFTG or FedKF fusion."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mrtf.cli.common import Out
+from mrtf.io.bundles import ReceivedSet, save_bundle
+
+
+def run_datafree(rs: ReceivedSet, model_out: Path | None, opts: dict[str, Any], out: Out
+                 ) -> None:
+    """Fuse ``rs`` without data and write the fused model (and the sample grid)."""
+    from mrtf.cli.refine import load_student, refined_meta
+    from mrtf.datafree import FusionConfig, choose_method, dump_samples, fuse
+
+    method, reason = choose_method(rs, opts["datafree"])
+    student, student_meta = load_student(rs, opts, None)
+    cfg = FusionConfig(method=method, seed=opts["seed"], device=opts["device"],
+                       progress=out.progress)
+    if opts["steps"] is not None:  # total student steps, for either method
+        if method == "fedftg":
+            per_round = cfg.iterations * cfg.student_steps
+            cfg.rounds = max(1, -(-opts["steps"] // per_round))
+        else:
+            cfg.steps = opts["steps"]
+    out.say(f"data-free fusion with {method}: {reason}")
+    result = fuse(rs, cfg, student)
+    for warning in result.warnings:
+        out.warn(warning)
+    last = result.history[-1] if result.history else {}
+    out.say(f"{method} finished in {result.seconds:.1f}s; last losses: "
+            + ", ".join(f"{k} {v:.4f}" for k, v in last.items() if isinstance(v, float)))
+    config = {"datafree": method, "reason": reason, "seed": opts["seed"],
+              "steps": opts["steps"]}
+    if model_out is not None:
+        save_bundle(model_out, result.model, refined_meta(rs, student_meta, method, config))
+        out.say(f"wrote fused model to {model_out}")
+    if opts["dump_samples"] is not None:
+        dump_samples(result.generator, opts["dump_samples"], rs.num_classes, seed=opts["seed"])
+        out.say(f"wrote generated samples to {opts['dump_samples']}")
+    out.summary({"command": "refine", "datafree": method, "reason": reason,
+                 "seconds": result.seconds, "warnings": result.warnings, "last_losses": last,
+                 "model": str(model_out) if model_out else None,
+                 "samples": str(opts["dump_samples"]) if opts["dump_samples"] else None})

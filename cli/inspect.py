@@ -1,0 +1,73 @@
+"""``mrtf inspect PATH``: what was received, or what a file holds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from mrtf.cli.common import Out, output_options, table
+from mrtf.errors import InputError
+from mrtf.io.bundles import load_bundle, load_received
+from mrtf.io.hdf5 import describe_h5
+
+
+@click.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--trust-arch", multiple=True,
+              help="A package.module:factory architecture you trust (local code).")
+@output_options
+def inspect(path: Path, trust_arch: tuple[str, ...], out: Out) -> None:
+    """Show a received-models directory, one model file, or an HDF5 file."""
+    if not path.exists():
+        raise InputError(f"{path}: no such file or directory")
+    if path.is_dir():
+        _inspect_dir(path, trust_arch, out)
+    elif path.suffix in (".safetensors", ".pt"):
+        model = load_bundle(path, trust_arch)
+        info = _model_row(model)
+        info["tensors"] = len(model.state_dict)
+        info["parameters"] = int(sum(t.numel() for t in model.state_dict.values()))
+        for key, value in info.items():
+            out.say(f"{key:>12}: {value}")
+        out.summary({"command": "inspect", "kind": "model", **info})
+    elif path.suffix in (".h5", ".hdf5"):
+        info = describe_h5(path)
+        out.say(f"{path}")
+        out.say(table([[k, "×".join(map(str, v["shape"])), v["dtype"]]
+                       for k, v in info["datasets"].items()], ["dataset", "shape", "dtype"]))
+        for key, value in info["attrs"].items():
+            out.say(f"  @{key} = {str(value)[:100]}")
+        out.summary({"command": "inspect", "kind": "hdf5", **info})
+    else:
+        raise InputError(f"{path}: don't know how to inspect this (expected a directory, "
+                         ".safetensors, .pt or .h5)")
+
+
+def _model_row(m) -> dict:
+    meta = m.meta
+    return {"file": m.path.name, "party": meta.party, "role": meta.role, "arch": meta.arch,
+            "arch_kwargs": meta.arch_kwargs, "classes": meta.num_classes,
+            "samples": meta.n_samples, "loss": meta.train_loss, "round": meta.round,
+            "label_counts": meta.label_counts}
+
+
+def _inspect_dir(path: Path, trust: tuple[str, ...], out: Out) -> None:
+    received = load_received(path, trust, strict=False)
+    rows = [{**_model_row(m), "status": "valid"} for m in received.models]
+    rows += [{"file": f.name, "status": f"refused: {why}"} for f, why in received.refused]
+    rows.sort(key=lambda r: r["file"])
+    if not rows:
+        raise InputError(f"{path}: holds no received models (.safetensors or .pt)")
+    out.say(table([[r["file"], r.get("party"), r.get("role"), r.get("arch"), r.get("classes"),
+                    r.get("samples"), r.get("loss"), r.get("round"),
+                    _counts(r.get("label_counts")), r["status"]] for r in rows],
+                  ["file", "party", "role", "arch", "classes", "samples", "loss", "round",
+                   "label counts", "status"]))
+    out.say(f"{len(received.models)} valid, {len(received.refused)} refused")
+    out.summary({"command": "inspect", "kind": "received", "models": rows,
+                 "valid": len(received.models), "refused": len(received.refused)})
+
+
+def _counts(counts: list[int] | None) -> str:
+    return "-" if counts is None else " ".join(str(c) for c in counts)

@@ -1,0 +1,30 @@
+"""The ``mrtf`` command: thin wrappers that parse, call the library and format errors."""
+
+from __future__ import annotations
+
+import click
+
+import mrtf
+from mrtf.cli.common import MrtfGroup
+from mrtf.cli.demo import demo
+from mrtf.cli.inspect import inspect
+from mrtf.cli.refine import label, refine_cmd, score
+from mrtf.cli.simulate import simulate
+
+
+@click.group(cls=MrtfGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(mrtf.__version__, prog_name="mrtf")
+def cli() -> None:
+    """mrtf: refine received models into one model and one labeled dataset."""
+
+
+for command in (simulate, refine_cmd, label, score, inspect, demo):
+    cli.add_command(command)
+
+
+def main() -> None:
+    cli(prog_name="mrtf")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+"""``mrtf refine``, ``mrtf label`` and ``mrtf score``: the pilot party's main jobs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from mrtf.cli.common import Out, output_options, table
+from mrtf.errors import InputError
+from mrtf.io.atomic import check_output
+from mrtf.io.bundles import BundleMeta, ReceivedSet, load_bundle, load_received, save_bundle
+from mrtf.io.hdf5 import H5Dataset, LabelSet, read_labels, write_labels
+from mrtf.models import build_model, image_kwargs
+from mrtf.refinery import METHODS, RefineConfig, accuracy_of, predict_probs, refine
+from mrtf.scoring import score_labels
+
+
+@click.command(name="refine")
+@click.argument("received", type=click.Path(path_type=Path))
+@click.option("--data", type=click.Path(path_type=Path), default=None,
+              help="The unlabeled target set (.h5 with x). Without it: data-free fusion.")
+@click.option("--labels", "labels_out", type=click.Path(path_type=Path), default=None,
+              help="Write the labels of --data here (.h5).")
+@click.option("--model", "model_out", type=click.Path(path_type=Path), default=None,
+              help="Write the refined model here (.safetensors bundle).")
+@click.option("--method", type=click.Choice(METHODS), default="mrtf", show_default=True,
+              help="fedavg (average only), feddf (AvgLogit), st, st+rd, mrtf (st+rd+clr).")
+@click.option("--variant", type=click.Choice(["paper", "reference"]), default="paper",
+              show_default=True, help="Follow the paper, or the authors' public code.")
+@click.option("--steps", type=int, default=None,
+              help="Distillation steps (default 500; data-free: student steps).")
+@click.option("--batch-size", type=int, default=64, show_default=True)
+@click.option("--lr", type=float, default=None, help="Distillation learning rate.")
+@click.option("--tau", type=float, default=4.0, show_default=True, help="Temperature τ.")
+@click.option("--clr-iterations", type=int, default=1, show_default=True)
+@click.option("--student-arch", default=None,
+              help="Fresh student architecture (needed when parties' architectures differ).")
+@click.option("--student", "student_file", type=click.Path(path_type=Path), default=None,
+              help="Start from this model file instead of the parameter average.")
+@click.option("--datafree", type=click.Choice(["fedftg", "fedkf"]), default=None,
+              help="Without --data: force this data-free method (default: chosen for you).")
+@click.option("--dump-samples", type=click.Path(path_type=Path), default=None,
+              help="Data-free: write a PNG grid of generated images per class.")
+@click.option("--trust-arch", multiple=True, help="A package.module:factory you trust.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--device", default=None, help="cpu, cuda, ... (default: CUDA when present).")
+@click.option("--force", is_flag=True, help="Replace existing outputs.")
+@output_options
+def refine_cmd(received: Path, data: Path | None, labels_out: Path | None,
+               model_out: Path | None, out: Out, **opts: Any) -> None:
+    """Refine RECEIVED models into one model and labels for --data (MrTF), or, without
+    --data, fuse them data-free (FedFTG / FedKF)."""
+    if labels_out is not None and data is None:
+        raise InputError("--labels needs --data (the samples to label)")
+    if labels_out is None and model_out is None:
+        raise InputError("nothing to write: give --labels and/or --model")
+    if data is None and opts["dump_samples"] is None and model_out is None:
+        raise InputError("data-free fusion needs --model")
+    if data is not None and (opts["datafree"] or opts["dump_samples"]):
+        raise InputError("--datafree and --dump-samples apply only without --data")
+    rs = load_received(received, opts["trust_arch"])
+    inputs = tuple(m.path for m in rs.models) + ((data,) if data else ())
+    for path in (labels_out, model_out, opts["dump_samples"]):
+        if path is not None:
+            check_output(path, opts["force"], inputs)
+    if data is None:
+        from mrtf.cli.datafree import run_datafree
+
+        return run_datafree(rs, model_out, opts, out)
+    with H5Dataset(data) as source:
+        _refine_with_data(rs, source, labels_out, model_out, opts, out)
+
+
+def _refine_with_data(rs: ReceivedSet, source: H5Dataset, labels_out: Path | None,
+                      model_out: Path | None, opts: dict[str, Any], out: Out) -> None:
+    student, student_meta = load_student(rs, opts, source.sample_shape)
+    cfg = RefineConfig(method=opts["method"], variant=opts["variant"], tau=opts["tau"],
+                       steps=500 if opts["steps"] is None else opts["steps"],
+                       batch_size=opts["batch_size"], lr=opts["lr"],
+                       clr_iterations=opts["clr_iterations"], seed=opts["seed"],
+                       device=opts["device"], progress=out.progress)
+    local = rs.by_role("local")
+    out.say(f"refining {len(local)} local models ({len(rs.by_role('global'))} θ_t) on "
+            f"{len(source)} samples: method={cfg.method} variant={cfg.variant} "
+            f"steps={cfg.steps} seed={cfg.seed}")
+    result = refine(rs, source, cfg, student)
+    for note in result.info["notes"]:
+        out.say(f"note: {note}")
+    scores: dict[str, float] = {}
+    y = source.labels()
+    if y is not None:  # scoring only: y never reaches the refinery
+        scores = {"averaged": accuracy_of(result.averaged_probs, y),
+                  "targets": accuracy_of(result.target_probs, y),
+                  "refined": accuracy_of(result.probs, y)}
+        start = "student before refinement" if result.info["heterogeneous"] or student \
+            else "averaged model"
+        out.say(table([[start, scores["averaged"]], ["teacher targets", scores["targets"]],
+                       ["refined model", scores["refined"]]], ["accuracy on --data y", ""]))
+    parties = [m.name for m in rs.models]
+    config = {**result.info["config"], "u_t": result.info["u_t"]}
+    if labels_out is not None:
+        write_labels(labels_out, LabelSet.from_probs(result.probs, source.ids()), cfg.method,
+                     config, parties)
+        out.say(f"wrote labels for {len(source)} samples to {labels_out}")
+    if model_out is not None:
+        meta = refined_meta(rs, student_meta, cfg.method, config)
+        save_bundle(model_out, result.model, meta)
+        out.say(f"wrote refined model to {model_out}")
+    out.summary({"command": "refine", "method": cfg.method, "variant": cfg.variant,
+                 "samples": len(source), "u_t": result.info["u_t"],
+                 "heterogeneous": result.info["heterogeneous"], "notes": result.info["notes"],
+                 "accuracy": scores or None, "timings": result.timings,
+                 "labels": str(labels_out) if labels_out else None,
+                 "model": str(model_out) if model_out else None})
+
+
+def load_student(rs: ReceivedSet, opts: dict[str, Any], sample_shape: tuple[int, ...] | None
+                 ) -> tuple[Any, BundleMeta | None]:
+    """The student module and its bundle metadata from --student / --student-arch, or None."""
+    if opts["student_file"] is not None and opts["student_arch"] is not None:
+        raise InputError("give --student or --student-arch, not both")
+    if opts["student_file"] is not None:
+        sm = load_bundle(opts["student_file"], opts["trust_arch"])
+        if sm.meta.num_classes != rs.num_classes:
+            raise InputError(f"--student {sm.path.name} has {sm.meta.num_classes} classes but "
+                             f"the received models have {rs.num_classes}")
+        return sm.build(), sm.meta
+    if opts["student_arch"] is not None:
+        arch = opts["student_arch"]
+        kwargs = _student_kwargs(rs, arch, sample_shape)
+        import torch
+
+        torch.manual_seed(opts["seed"])
+        model = build_model(arch, rs.num_classes, **kwargs)
+        return model, BundleMeta(arch=arch, num_classes=rs.num_classes, arch_kwargs=kwargs)
+    return None, None
+
+
+def _student_kwargs(rs: ReceivedSet, arch: str, shape: tuple[int, ...] | None) -> dict:
+    if shape is None:  # data-free: take the image shape from a received image model
+        kw = next((m.meta.arch_kwargs for m in rs.models
+                   if "in_channels" in m.meta.arch_kwargs), None)
+        if kw is None:
+            raise InputError("cannot tell the image shape for --student-arch without --data")
+        return image_kwargs(arch, kw["in_channels"], kw["image_size"])
+    if len(shape) == 3:
+        return image_kwargs(arch, shape[0], shape[-1])
+    return {}
+
+
+def refined_meta(rs: ReceivedSet, student_meta: BundleMeta | None, method: str,
+                 config: dict[str, Any]) -> BundleMeta:
+    """Bundle metadata of the refined model (so it can be received again)."""
+    import json
+
+    base = student_meta or rs.by_role("local")[0].meta
+    counts = [m.meta.label_counts for m in rs.by_role("local")]
+    total = (np.sum(counts, axis=0).astype(int).tolist()
+             if all(c is not None for c in counts) else None)
+    rounds = [m.meta.round for m in rs.models if m.meta.round is not None]
+    return BundleMeta(arch=base.arch, num_classes=rs.num_classes, arch_kwargs=base.arch_kwargs,
+                      party="refined", role="refined", label_counts=total,
+                      round=max(rounds) + 1 if rounds else None,
+                      extra={"mrtf.method": method,
+                             "mrtf.config": json.dumps(config, sort_keys=True, default=str)})
+
+
+@click.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--data", type=click.Path(path_type=Path), required=True,
+              help="Samples to label (.h5 with x).")
+@click.option("--labels", "labels_out", type=click.Path(path_type=Path), required=True,
+              help="Where to write the labels (.h5).")
+@click.option("--batch-size", type=int, default=1024, show_default=True)
+@click.option("--trust-arch", multiple=True, help="A package.module:factory you trust.")
+@click.option("--device", default=None)
+@click.option("--force", is_flag=True, help="Replace an existing labels file.")
+@output_options
+def label(model: Path, data: Path, labels_out: Path, batch_size: int,
+          trust_arch: tuple[str, ...], device: str | None, force: bool, out: Out) -> None:
+    """Label new data with a (refined) MODEL file."""
+    check_output(labels_out, force, (data, model))
+    bundle = load_bundle(model, trust_arch)
+    with H5Dataset(data) as source:
+        net = bundle.build()
+        from mrtf.refinery.pipeline import _check_fits
+
+        _check_fits(net, bundle.path.name, source, bundle.meta.num_classes, "cpu")
+        probs = predict_probs(net, source, batch_size, device)
+        labels = LabelSet.from_probs(probs, source.ids())
+        write_labels(labels_out, labels, "label", {"model": str(model)},
+                     [bundle.meta.party or bundle.path.stem])
+        y = source.labels()
+    acc = accuracy_of(probs, y) if y is not None else None
+    out.say(f"labeled {len(probs)} samples with {model.name} → {labels_out}"
+            + (f"  (accuracy on y: {acc:.4f})" if acc is not None else ""))
+    out.summary({"command": "label", "samples": len(probs), "labels": str(labels_out),
+                 "accuracy": acc})
+
+
+@click.command()
+@click.argument("labels", type=click.Path(path_type=Path))
+@click.option("--truth", type=click.Path(path_type=Path), required=True,
+              help="An .h5 dataset holding the true labels y.")
+@output_options
+def score(labels: Path, truth: Path, out: Out) -> None:
+    """Score a LABELS file against the y of --truth."""
+    predicted = read_labels(labels)
+    with H5Dataset(truth) as ds:
+        y, ids = ds.labels(), ds.ids()
+    if y is None:
+        raise InputError(f"{truth}: has no 'y' to score against")
+    if predicted.ids is not None and ids is not None and (
+            len(ids) != len(predicted.ids) or not np.array_equal(ids, predicted.ids)):
+        raise InputError(f"{labels} and {truth} hold different sample ids")
+    c = max(predicted.probs.shape[1], int(y.max()) + 1)
+    result = score_labels(predicted.labels, y, c)
+    out.say(f"accuracy {result['accuracy']:.4f} on {result['n']} samples")
+    out.say(table([[i, result["per_class"][i], result["support"][i]] for i in range(c)],
+                  ["class", "accuracy", "support"]))
+    out.say("confusion (rows: true, columns: predicted)")
+    out.say(table([[i, *row] for i, row in enumerate(result["confusion"])],
+                  ["", *map(str, range(c))]))
+    out.summary({"command": "score", **result})

@@ -1,0 +1,28 @@
+"""Scoring labels against ground truth: accuracy, per-class accuracy, confusion matrix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from mrtf.errors import InputError
+
+
+def score_labels(labels: np.ndarray, truth: np.ndarray, num_classes: int | None = None
+                 ) -> dict[str, Any]:
+    """Per-sample accuracy, per-class accuracy (recall; None for absent classes) and the
+    confusion matrix (rows = truth, columns = predicted) of ``labels`` (M,) vs ``truth`` (M,)."""
+    labels, truth = np.asarray(labels).reshape(-1), np.asarray(truth).reshape(-1)
+    if len(labels) != len(truth):
+        raise InputError(f"{len(labels)} labels but {len(truth)} true labels")
+    if len(labels) == 0:
+        raise InputError("nothing to score (0 labels)")
+    c = num_classes or int(max(labels.max(), truth.max())) + 1
+    confusion = np.zeros((c, c), dtype=np.int64)
+    np.add.at(confusion, (truth, labels), 1)
+    support = confusion.sum(1)
+    per_class = [float(confusion[i, i] / support[i]) if support[i] else None for i in range(c)]
+    return {"accuracy": float((labels == truth).mean()), "n": int(len(labels)),
+            "per_class": per_class, "support": support.tolist(),
+            "confusion": confusion.tolist()}

@@ -1,0 +1,170 @@
+"""End-to-end tests of the real `mrtf` command on real (small) data: scikit-learn digits."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from mrtf.cli.main import cli
+
+
+def run(*args: str):
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+SIM = ["simulate", "--dataset", "digits", "--clients", "6", "--split", "label:2", "--ratio",
+       "0.5", "--rounds", "2", "--epochs", "1", "--arch", "lenet", "--target-size", "200",
+       "--seed", "0"]
+
+
+@pytest.fixture(scope="module")
+def simulated(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    res = run(*SIM, "--export-received", root / "received", "--export-target",
+              root / "target.h5", "--json")
+    assert res.exit_code == 0, res.output
+    return root, json.loads(res.output)
+
+
+def test_simulate_prints_rounds_and_exports(simulated):
+    root, summary = simulated
+    assert len(summary["rounds"]) == 2
+    assert all(0.0 <= r["accuracy"] <= 1.0 for r in summary["rounds"])
+    files = sorted(p.name for p in (root / "received").iterdir())
+    assert len(files) == 4 and "global-start.safetensors" in files  # 3 clients + θ_t
+    with h5py.File(root / "target.h5") as f:
+        assert f["x"].shape == (200, 1, 8, 8) and f["y"].shape == (200,)
+
+
+def test_simulate_is_deterministic(simulated, tmp_path):
+    _, summary = simulated
+    again = json.loads(run(*SIM, "--json").output)
+    assert [r["accuracy"] for r in again["rounds"]] == [r["accuracy"] for r in
+                                                        summary["rounds"]]
+
+
+def test_inspect_directory_model_and_h5(simulated):
+    root, _ = simulated
+    res = run("inspect", root / "received")
+    assert res.exit_code == 0 and "4 valid, 0 refused" in res.output
+    data = json.loads(run("inspect", root / "received", "--json").output)
+    local = [m for m in data["models"] if m["role"] == "local"]
+    assert len(local) == 3
+    assert all(sum(m["label_counts"]) == m["samples"] for m in local)
+    assert all(sum(c > 0 for c in m["label_counts"]) == 2 for m in local)  # label:2
+    one = json.loads(run("inspect", root / "received" / "global-start.safetensors",
+                         "--json").output)
+    assert one["role"] == "global" and one["arch"] == "lenet"
+    h5 = json.loads(run("inspect", root / "target.h5", "--json").output)
+    assert h5["datasets"]["x"]["shape"] == [200, 1, 8, 8]
+
+
+def test_inspect_shows_refused_file(simulated, tmp_path):
+    root, _ = simulated
+    bad = tmp_path / "recv"
+    bad.mkdir()
+    for p in (root / "received").iterdir():
+        (bad / p.name).write_bytes(p.read_bytes())
+    (bad / "zz-broken.safetensors").write_bytes(b"garbage")
+    res = run("inspect", bad)
+    assert res.exit_code == 0
+    assert "refused: corrupt or truncated" in res.output and "4 valid, 1 refused" in res.output
+
+
+@pytest.mark.parametrize("args,message", [
+    (["simulate", "--dataset", "nope"], "unknown dataset"),
+    (["simulate", "--dataset", "digits", "--split", "dirichlet:-1"], "bad split"),
+    (["simulate", "--dataset", "digits", "--arch", "alexnet"], "unknown architecture"),
+    (["simulate", "--dataset", "digits", "--clients", "4", "--ratio", "0.1"], "R·K < 1"),
+    (["inspect", "missing-dir"], "no such file"),
+    (["refine", "missing-dir", "--model", "m.safetensors"], "no such directory"),
+])
+def test_bad_input_exit_2_one_line(args, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 2
+    assert message in res.output
+    assert "Traceback" not in res.output
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_simulate_refuses_existing_outputs(simulated, tmp_path):
+    root, _ = simulated
+    before = sorted(p.name for p in (root / "received").iterdir())
+    res = CliRunner().invoke(cli, [*SIM, "--export-received", str(root / "received")])
+    assert res.exit_code == 2 and "--force" in res.output
+    assert sorted(p.name for p in (root / "received").iterdir()) == before
+
+
+def test_console_script_runs_as_a_process(tmp_path):
+    """The installed entry point, in a real process: errors are one line, exit code 2."""
+    proc = subprocess.run([sys.executable, "-m", "mrtf.cli.main", "simulate", "--split",
+                           "label:0"], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "bad split" in proc.stderr
+
+
+def test_refine_label_score_end_to_end(simulated, tmp_path):
+    root, _ = simulated
+    labels, model = tmp_path / "labels.h5", tmp_path / "refined.safetensors"
+    res = run("refine", root / "received", "--data", root / "target.h5", "--labels", labels,
+              "--model", model, "--steps", "30", "--seed", "1", "--json")
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.output)
+    assert summary["method"] == "mrtf" and set(summary["accuracy"]) == {"averaged", "targets",
+                                                                         "refined"}
+    with h5py.File(labels) as f:
+        assert f["labels"].shape == (200,) and f["probs"].shape == (200, 10)
+        np.testing.assert_allclose(f["probs"][:].sum(1), 1.0, rtol=1e-5)
+        assert f.attrs["method"] == "mrtf" and "config" in f.attrs
+    scored = json.loads(run("score", labels, "--truth", root / "target.h5", "--json").output)
+    assert scored["accuracy"] == pytest.approx(summary["accuracy"]["refined"])
+    assert np.array(scored["confusion"]).sum() == 200
+    # The refined model file can be received again and labels the same data identically.
+    relabeled = tmp_path / "again.h5"
+    assert run("label", model, "--data", root / "target.h5", "--labels",
+               relabeled).exit_code == 0
+    with h5py.File(labels) as a, h5py.File(relabeled) as b:
+        assert np.array_equal(a["labels"][:], b["labels"][:])
+    # Same seed → identical labels.
+    again = tmp_path / "labels2.h5"
+    run("refine", root / "received", "--data", root / "target.h5", "--labels", again,
+        "--steps", "30", "--seed", "1", "--quiet")
+    with h5py.File(labels) as a, h5py.File(again) as b:
+        assert np.array_equal(a["probs"][:], b["probs"][:])
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--labels", "{tmp}/l.h5"], "--labels needs --data"),
+    (["--data", "{root}/target.h5"], "nothing to write"),
+    (["--data", "{root}/target.h5", "--labels", "{root}/target.h5"], "overwrite an input"),
+    (["--data", "{root}/target.h5", "--labels", "{tmp}/wrong.h5"], "pass --force"),
+    (["--data", "{tmp}/missing.h5", "--labels", "{tmp}/l.h5"], "no such file"),
+    (["--data", "{tmp}/wrong.h5", "--labels", "{tmp}/l.h5"], "do not fit"),
+    (["--data", "{tmp}/empty.h5", "--labels", "{tmp}/l.h5"], "empty"),
+    (["--data", "{root}/target.h5", "--labels", "{tmp}/l.h5", "--student",
+      "{tmp}/five.safetensors"], "classes"),
+])
+def test_refine_bad_input(simulated, tmp_path, extra, message):
+    root, _ = simulated
+    from mrtf.io import BundleMeta, save_bundle, write_dataset
+    from mrtf.models import build_model
+
+    write_dataset(tmp_path / "wrong.h5", np.zeros((5, 3, 28, 28), np.float32))
+    with h5py.File(tmp_path / "empty.h5", "w") as f:
+        f["x"] = np.zeros((0, 1, 8, 8), np.float32)
+    kw = {"in_channels": 1, "image_size": 8}
+    save_bundle(tmp_path / "five.safetensors", build_model("lenet", 5, **kw),
+                BundleMeta(arch="lenet", num_classes=5, arch_kwargs=kw))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    args = [a.format(tmp=tmp_path, root=root) for a in extra]
+    res = CliRunner().invoke(cli, ["refine", str(root / "received"), *args])
+    assert res.exit_code == 2, res.output
+    assert message in res.output and "Traceback" not in res.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
