@@ -14,7 +14,7 @@ from mrtf.io.atomic import check_output
 from mrtf.io.bundles import BundleMeta, ReceivedSet, load_bundle, load_received, save_bundle
 from mrtf.io.hdf5 import H5Dataset, LabelSet, read_labels, write_labels
 from mrtf.models import build_model, image_kwargs
-from mrtf.refinery import METHODS, RefineConfig, accuracy_of, predict_probs, refine
+from mrtf.refinery import METHODS, RefineConfig, accuracy_of, check_fits, predict_probs, refine
 from mrtf.scoring import score_labels
 
 
@@ -36,6 +36,9 @@ from mrtf.scoring import score_labels
 @click.option("--lr", type=float, default=None, help="Distillation learning rate.")
 @click.option("--tau", type=float, default=4.0, show_default=True, help="Temperature τ.")
 @click.option("--clr-iterations", type=int, default=1, show_default=True)
+@click.option("--clr-min-round", type=int, default=5, show_default=True,
+              help="Skip the clustered label refinery for models of rounds below this "
+                   "(0-based; the paper skips the first 5 rounds). 0 = always.")
 @click.option("--student-arch", default=None,
               help="Fresh student architecture (needed when parties' architectures differ).")
 @click.option("--student", "student_file", type=click.Path(path_type=Path), default=None,
@@ -80,7 +83,8 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, labels_out: Path | Non
     cfg = RefineConfig(method=opts["method"], variant=opts["variant"], tau=opts["tau"],
                        steps=500 if opts["steps"] is None else opts["steps"],
                        batch_size=opts["batch_size"], lr=opts["lr"],
-                       clr_iterations=opts["clr_iterations"], seed=opts["seed"],
+                       clr_iterations=opts["clr_iterations"],
+                       clr_min_round=opts["clr_min_round"], seed=opts["seed"],
                        device=opts["device"], progress=out.progress)
     local = rs.by_role("local")
     out.say(f"refining {len(local)} local models ({len(rs.by_role('global'))} θ_t) on "
@@ -186,9 +190,7 @@ def label(model: Path, data: Path, labels_out: Path, batch_size: int,
     bundle = load_bundle(model, trust_arch)
     with H5Dataset(data) as source:
         net = bundle.build()
-        from mrtf.refinery.pipeline import _check_fits
-
-        _check_fits(net, bundle.path.name, source, bundle.meta.num_classes, "cpu")
+        check_fits(net, bundle.path.name, source, bundle.meta.num_classes, "cpu")
         probs = predict_probs(net, source, batch_size, device)
         labels = LabelSet.from_probs(probs, source.ids())
         write_labels(labels_out, labels, "label", {"model": str(model)},

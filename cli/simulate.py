@@ -42,6 +42,9 @@ from mrtf.models import available_archs
 @click.option("--seed", default=0, show_default=True, help="Seed for splits, init, training.")
 @click.option("--export-received", type=click.Path(path_type=Path), default=None,
               help="Write the last round's received models (bundles) into this directory.")
+@click.option("--export-history", is_flag=True,
+              help="Also export the latest model of every client of earlier rounds (FedKF's "
+                   "OCA teacher uses them; MrTF uses only the newest round).")
 @click.option("--export-target", type=click.Path(path_type=Path), default=None,
               help="Write the server's target set (x, and y for scoring) to this .h5 file.")
 @click.option("--force", is_flag=True, help="Replace existing outputs.")
@@ -51,6 +54,7 @@ def simulate(out: Out, **opts) -> None:
     """Simulate a federation (FedAvg) and export received models and the target set."""
     received_dir, target_file = opts.pop("export_received"), opts.pop("export_target")
     force, device = opts.pop("force"), opts.pop("device")
+    history = opts.pop("export_history")
     cfg = build_config(opts)
     cfg.validate()
     # Check every output before any work, so a refused run writes nothing.
@@ -69,7 +73,7 @@ def simulate(out: Out, **opts) -> None:
     result = run_fedavg(cfg, on_round=show, device=device)
     written: dict[str, object] = {}
     if received_dir is not None:
-        paths = export_received(result, received_dir, force=force)
+        paths = export_received(result, received_dir, force=force, history=history)
         written["received"] = [str(p) for p in paths]
         out.say(f"wrote {len(paths)} received models to {received_dir}")
     if target_file is not None:

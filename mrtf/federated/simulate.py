@@ -104,6 +104,8 @@ class SimulationResult:
     records: list[RoundRecord]
     last: LastRound
     federation: Federation
+    # client → (round, update): each party's latest model, for FedKF's OCA (--export-history)
+    latest: dict[int, tuple[int, LocalResult]] = field(default_factory=dict)
 
 
 def prepare_federation(cfg: SimulationConfig) -> Federation:
@@ -135,6 +137,7 @@ def run_fedavg(cfg: SimulationConfig, fed: Federation | None = None,
     rng = np.random.default_rng(cfg.seed + 1)
     records: list[RoundRecord] = []
     last: LastRound | None = None
+    latest: dict[int, tuple[int, LocalResult]] = {}
     for rnd in range(cfg.rounds):
         t0 = time.perf_counter()
         chosen = sorted(rng.choice(cfg.clients, size=cfg.per_round, replace=False).tolist())
@@ -148,6 +151,7 @@ def run_fedavg(cfg: SimulationConfig, fed: Federation | None = None,
         new_state = average_states([r.model.state_dict() for r in results],
                                    [r.n_samples for r in results])
         last = LastRound(rnd, global_state, chosen, results, new_state)
+        latest.update({k: (rnd, res) for k, res in zip(chosen, results)})
         global_state = new_state
         model.load_state_dict(global_state)
         acc = accuracy(model, fed.target_x, fed.target_y, device=dev)
@@ -157,13 +161,17 @@ def run_fedavg(cfg: SimulationConfig, fed: Federation | None = None,
         if on_round:
             on_round(rec)
     assert last is not None
-    return SimulationResult(cfg, records, last, fed)
+    return SimulationResult(cfg, records, last, fed, latest)
 
 
-def export_received(result: SimulationResult, directory: str | Path, force: bool = False
-                    ) -> list[Path]:
+def export_received(result: SimulationResult, directory: str | Path, force: bool = False,
+                    history: bool = False) -> list[Path]:
     """Write the last round's local models (role ``local``) and its starting global model θ_t
     (role ``global``) as bundles into ``directory``.
+
+    With ``history``, also the latest model of every other client that trained in an earlier
+    round (with its ``mrtf.round``), as FedKF's OCA aggregation uses; the refinery only takes
+    the newest round's local models as S_t.
 
     The files are written into a temporary folder beside it and renamed into place, so an
     interrupted export leaves nothing half-written. An existing non-empty ``directory`` is
@@ -178,10 +186,13 @@ def export_received(result: SimulationResult, directory: str | Path, force: bool
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         names = []
-        for k, res in zip(last.clients, last.results):
-            meta = BundleMeta(**base, party=f"client-{k:03d}", label_counts=res.label_counts,
-                              n_samples=res.n_samples, train_loss=res.train_loss,
-                              role="local")
+        updates = {k: (last.round, res) for k, res in zip(last.clients, last.results)}
+        if history:
+            updates = {**result.latest, **updates}
+        for k, (rnd, res) in sorted(updates.items()):
+            meta = BundleMeta(**{**base, "round": rnd}, party=f"client-{k:03d}",
+                              label_counts=res.label_counts, n_samples=res.n_samples,
+                              train_loss=res.train_loss, role="local")
             save_bundle(tmp / f"client-{k:03d}.safetensors", res.model, meta)
             names.append(f"client-{k:03d}.safetensors")
         save_bundle(tmp / "global-start.safetensors", last.start_state,

@@ -183,7 +183,7 @@ def write_dataset(path: str | os.PathLike, x: np.ndarray, y: np.ndarray | None =
         x = x.astype(np.float32, copy=False)
     out = Path(path)
     with atomic_path(out) as tmp, h5py.File(tmp, "w") as f:
-        chunk_rows = max(1, min(len(x), 1 << 20 // max(1, x[0].nbytes)))
+        chunk_rows = max(1, min(len(x), (1 << 20) // max(1, x[0].nbytes)))
         f.create_dataset("x", data=x, chunks=(chunk_rows, *x.shape[1:]))
         if y is not None:
             f.create_dataset("y", data=np.asarray(y, dtype=np.int64))

@@ -1,0 +1,34 @@
+"""MrTF model refinery (transductive path): stabilized teachers (Eq. 3-7), rectified
+distillation (Eq. 10), clustered label refinery (Eq. 11-12), distillation (Eq. 1-2)."""
+
+from mrtf.refinery.cluster import prototype_targets, prototype_targets_dense, prototypes
+from mrtf.refinery.distill import DistillSettings, distill, soft_cross_entropy
+from mrtf.refinery.pipeline import (
+    METHODS,
+    VARIANTS,
+    RefineConfig,
+    RefineResult,
+    accuracy_of,
+    check_fits,
+    newest_locals,
+    predict_probs,
+    refine,
+)
+from mrtf.refinery.rectify import entropy, entropy_weights, rectified_targets, u_t
+from mrtf.refinery.teachers import (
+    TeacherOutputs,
+    avg_logit,
+    avg_prob,
+    group_by_arch,
+    stabilized_probs,
+    teacher_logits,
+)
+
+__all__ = [
+    "METHODS", "VARIANTS", "DistillSettings", "RefineConfig", "RefineResult", "TeacherOutputs",
+    "accuracy_of", "avg_logit", "avg_prob", "check_fits", "distill", "entropy",
+    "entropy_weights", "newest_locals",
+    "group_by_arch", "predict_probs", "prototype_targets", "prototype_targets_dense",
+    "prototypes", "rectified_targets", "refine", "soft_cross_entropy", "stabilized_probs",
+    "teacher_logits", "u_t",
+]

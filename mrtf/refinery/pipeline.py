@@ -1,0 +1,284 @@
+"""The refinery pipeline: received models + unlabeled target set → refined model + labels.
+
+``refine`` is a pure function of (models, data, config): teachers' logits are computed once
+(teachers.py), turned into distillation targets by the chosen method (Eq. 3, 6-7, 10, 11-12),
+and distilled into θ_{t+1} or a student (Eq. 1-2). The target's ``y`` is never read.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from mrtf.device import pick_device
+from mrtf.errors import InputError
+from mrtf.refinery.cluster import prototype_targets
+from mrtf.refinery.distill import distill
+from mrtf.refinery.rectify import U_FALLBACK, rectified_targets, u_t
+from mrtf.refinery.teachers import (
+    STACK_MODES,
+    _softmax_np,
+    avg_logit,
+    avg_prob,
+    stabilized_probs,
+    teacher_logits,
+)
+
+METHODS = ("fedavg", "feddf", "st", "st+rd", "mrtf")
+VARIANTS = ("paper", "reference")
+#: The reference code normalises logits per inference batch (320-640 samples): we use 512.
+REF_STD_BATCH = 512
+
+
+@dataclass
+class RefineConfig:
+    """Refinement settings (defaults: MrTF paper, Sect. 4-5).
+
+    method : fedavg (θ_{t+1}, no distillation) | feddf (AvgLogit, Eq. 3) | st (stabilized
+        AvgProb, Eq. 6-7) | st+rd (+ rectified targets, Eq. 10) | mrtf (+ clustered label
+        refinery, Eq. 11-12).
+    variant : 'paper' or 'reference' (the authors' code, REFERENCE-NOTES.md).
+    lr : None → variant default (paper 3e-4, reference 1e-3).
+    clr_min_round : skip CLR when the received models' round (``mrtf.round``, 0-based) is below
+        this: the paper skips the first 5 rounds, when θ_{t+1}'s features are not yet
+        discriminative (Sect. 4.3); 0 = always apply. Models without a round always get CLR.
+    """
+
+    method: str = "mrtf"
+    variant: str = "paper"
+    tau: float = 4.0
+    steps: int = 500
+    batch_size: int = 64
+    lr: float | None = None
+    clr_iterations: int = 1
+    clr_min_round: int = 5
+    seed: int = 0
+    device: str | None = None
+    progress: bool = True
+    inference_batch: int = 1024
+    stack: str = "auto"
+
+    def validate(self) -> None:
+        def bad(cond: bool, msg: str) -> None:
+            if cond:
+                raise InputError(msg)
+
+        bad(self.method not in METHODS, f"method must be one of {', '.join(METHODS)}, "
+            f"got {self.method!r}")
+        bad(self.variant not in VARIANTS, f"variant must be paper or reference, got "
+            f"{self.variant!r}")
+        bad(not self.tau > 0, f"tau must be > 0, got {self.tau}")
+        bad(self.steps < 0, f"steps must be >= 0, got {self.steps}")
+        bad(self.batch_size < 1, f"batch size must be >= 1, got {self.batch_size}")
+        bad(self.lr is not None and not self.lr > 0, f"lr must be > 0, got {self.lr}")
+        bad(self.clr_iterations < 0, f"clr iterations must be >= 0, got {self.clr_iterations}")
+        bad(self.inference_batch < 1, "inference batch must be >= 1")
+        bad(self.stack not in STACK_MODES, f"stack must be one of {STACK_MODES}")
+
+
+@dataclass
+class RefineResult:
+    """model: refined module (eval mode). probs (M, C): its softmax on the target (the labels).
+    target_probs (M, C): distillation targets (fedavg: θ_{t+1}'s probs). averaged_probs (M, C):
+    θ_{t+1} (or the student) before refinement. info: method, variant, u_t, teachers,
+    heterogeneous, notes, config. timings: seconds per stage."""
+
+    model: nn.Module
+    probs: np.ndarray
+    target_probs: np.ndarray
+    averaged_probs: np.ndarray
+    info: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def accuracy_of(probs: np.ndarray, y: np.ndarray) -> float:
+    """Per-sample accuracy of argmax(probs (M, C)) against y (M,); for scoring only."""
+    y = np.asarray(y).reshape(-1)
+    if len(y) != len(probs):
+        raise InputError(f"{len(probs)} predictions but {len(y)} labels")
+    return float((np.asarray(probs).argmax(1) == y).mean())
+
+
+def predict_probs(model: nn.Module, source, batch_size: int = 1024,
+                  device: torch.device | str | None = None) -> np.ndarray:
+    """σ(f(x)) of one model on the whole source, streamed, inference mode → (M, C) float32."""
+    out = teacher_logits([model], source, batch_size, device, stack="loop").logits[0]
+    return _softmax_np(out)
+
+
+def _arch_id(m) -> tuple[str, str]:
+    return m.meta.arch, json.dumps(m.meta.arch_kwargs, sort_keys=True)
+
+
+def newest_locals(received) -> list:
+    """S_t: the local models of the newest round. Older rounds' files (kept for FedKF's OCA
+    teacher) are not this round's teachers; without ``mrtf.round`` every local model counts."""
+    locals_r = received.by_role("local")
+    rounds = [m.meta.round for m in locals_r if m.meta.round is not None]
+    if not rounds:
+        return locals_r
+    return [m for m in locals_r if m.meta.round is None or m.meta.round == max(rounds)]
+
+
+def check_fits(model: nn.Module, name: str, source, num_classes: int,
+                dev: torch.device) -> None:
+    """One forward on one target sample: raises InputError when the shape does not fit or the
+    class count differs."""
+    x = torch.from_numpy(np.ascontiguousarray(source.read(0, 1))).to(dev)
+    try:
+        with torch.inference_mode():
+            logits = model.to(dev).eval()(x)
+    except (RuntimeError, ValueError, IndexError, TypeError) as exc:
+        raise InputError(f"target images of shape {tuple(source.sample_shape)} do not fit "
+                         f"model {name} ({str(exc).splitlines()[0][:100]})") from None
+    if logits.dim() != 2 or logits.shape[1] != num_classes:
+        raise InputError(f"{name} predicts {tuple(logits.shape[1:])} classes but the received "
+                         f"models have {num_classes}")
+
+
+@dataclass
+class _Plan:
+    """Who teaches and who learns, before any heavy work."""
+
+    locals_: list[nn.Module]
+    start: nn.Module | None  # θ_t
+    agg: nn.Module | None  # θ_{t+1}
+    student: nn.Module  # starts distillation (θ_{t+1} copy or the given student)
+    heterogeneous: bool
+    notes: list[str]
+
+
+def _plan(received, source, config: RefineConfig, student: nn.Module | None,
+          dev: torch.device) -> _Plan:
+    from mrtf.federated import average_received
+
+    if len(source) == 0:
+        raise InputError("the target set is empty (0 samples)")
+    locals_r = newest_locals(received)
+    if not locals_r:
+        raise InputError("no received model has role 'local'; nothing to refine")
+    c = received.num_classes
+    hetero = len({_arch_id(m) for m in locals_r}) > 1
+    notes: list[str] = []
+    for m in {_arch_id(m): m for m in received.models}.values():
+        check_fits(m.build("cpu"), m.path.name, source, c, torch.device("cpu"))
+    locals_ = [m.build(dev) for m in locals_r]
+    agg = start = None
+    if hetero:
+        if student is None:
+            raise InputError("received models differ in architecture: there is no parameter "
+                             "average; give a student architecture or file")
+        if config.method == "fedavg":
+            raise InputError("method fedavg needs local models of one architecture")
+        notes.append("heterogeneous parties: no parameter average; the student's own "
+                     "predictions stand for both θ_t and θ_{t+1} in self-teaching (Eq. 10) and "
+                     "its features are used for the clustered label refinery")
+    else:
+        agg, _ = average_received(locals_r)
+        agg = agg.to(dev)
+        glob = received.by_role("global")
+        if glob:
+            newest = max(glob, key=lambda m: -1 if m.meta.round is None else m.meta.round)
+            start = newest.build(dev)
+        elif config.method in ("st+rd", "mrtf"):
+            notes.append("no θ_t (role 'global') received: θ_{t+1} is used for both "
+                         "self-teaching terms of Eq. 10")
+    if student is not None:
+        check_fits(student, "student", source, c, torch.device("cpu"))
+        student = copy.deepcopy(student).to(dev)  # the caller's module is not changed
+    else:
+        student = copy.deepcopy(agg)
+    return _Plan(locals_, start, agg, student, hetero, notes)
+
+
+def _targets(plan: _Plan, logits: np.ndarray, feats: np.ndarray | None, config: RefineConfig,
+             u: float, skip_clr: bool) -> tuple[np.ndarray, float]:
+    """Distillation targets (M, C) for the method; returns (targets, seconds spent on CLR)."""
+    k = len(plan.locals_)
+    local = logits[:k]
+    if config.method == "feddf":
+        return avg_logit(local), 0.0
+    std = "global" if config.variant == "paper" else "batch"
+    probs = stabilized_probs(local, config.tau, std, REF_STD_BATCH)
+    if config.method == "st":
+        return avg_prob(probs), 0.0
+    rest = stabilized_probs(logits[k:], config.tau, std, REF_STD_BATCH)
+    start, agg = rest[0], rest[-1]  # [θ_t, θ_{t+1}] or [θ_{t+1}] or [student]
+    targets = rectified_targets(probs, start, agg, u, config.variant)
+    if config.method == "st+rd" or skip_clr or config.clr_iterations == 0:
+        return targets, 0.0
+    t0 = time.perf_counter()
+    assert feats is not None
+    refined = prototype_targets(targets, feats, config.tau, config.clr_iterations,
+                                config.variant, use_gpu=torch.cuda.is_available())
+    return refined, time.perf_counter() - t0
+
+
+def refine(received, source, config: RefineConfig | None = None,
+           student: nn.Module | None = None) -> RefineResult:
+    """Refine received models on the unlabeled target ``source`` (H5Dataset or ArraySource).
+
+    received : ReceivedSet (role 'local' models teach; role 'global' is θ_t).
+    student : the model to refine when the parties' architectures differ (or to replace
+        θ_{t+1} as the distillation start); must predict ``received.num_classes`` classes.
+    Same inputs and seed → identical results (bit for bit on the same machine).
+    """
+    config = config or RefineConfig()
+    config.validate()
+    dev = pick_device(config.device)
+    plan = _plan(received, source, config, student, dev)
+    timings: dict[str, float] = {"teachers": 0.0, "clr": 0.0, "distill": 0.0, "predict": 0.0}
+    u = u_t([m.meta.train_loss for m in newest_locals(received)], received.num_classes)
+    notes = list(plan.notes)
+    older = len(received.by_role("local")) - len(plan.locals_)
+    if older:
+        notes.append(f"{older} local models of earlier rounds are not teachers (only the "
+                     "newest round's models are S_t)")
+    if all(m.meta.train_loss is None for m in newest_locals(received)) and \
+            config.method in ("st+rd", "mrtf"):
+        notes.append(f"no local model reported train_loss: u_t = {U_FALLBACK} (fallback)")
+    rounds = [m.meta.round for m in received.models if m.meta.round is not None]
+    skip_clr = config.method == "mrtf" and bool(rounds) and max(rounds) < config.clr_min_round
+    if skip_clr:
+        notes.append(f"round {max(rounds)} < clr_min_round {config.clr_min_round}: "
+                     "clustered label refinery skipped")
+    self_model = plan.agg if plan.agg is not None else plan.student
+    teachers = list(plan.locals_)
+    if config.method in ("st+rd", "mrtf"):
+        teachers += ([plan.start] if plan.start is not None else []) + [self_model]
+    elif config.method == "fedavg":
+        teachers = []
+    t0 = time.perf_counter()
+    out = None
+    if teachers:
+        feats_of = self_model if config.method == "mrtf" and not skip_clr else None
+        out = teacher_logits(teachers, source, config.inference_batch, dev, feats_of,
+                             config.stack)
+    if out is not None and teachers[-1] is self_model:
+        before = _softmax_np(out.logits[-1])
+    else:
+        before = predict_probs(self_model, source, config.inference_batch, dev)
+    timings["teachers"] = time.perf_counter() - t0
+    if out is None:  # fedavg: θ_{t+1} as it is
+        model, targets = self_model.eval(), before
+    else:
+        targets, timings["clr"] = _targets(plan, out.logits, out.features, config, u, skip_clr)
+        out.logits = out.features = None  # free (K, M, C) before distilling
+        t0 = time.perf_counter()
+        model = distill(plan.student, source, targets, config.steps, config.batch_size,
+                        config.lr, config.seed, dev, config.variant, config.progress)
+        timings["distill"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    probs = before if not teachers else predict_probs(model, source, config.inference_batch, dev)
+    timings["predict"] = time.perf_counter() - t0
+    info = {"method": config.method, "variant": config.variant, "u_t": u,
+            "teachers": len(plan.locals_), "heterogeneous": plan.heterogeneous,
+            "notes": notes, "config": asdict(config)}
+    return RefineResult(model.eval(), probs, targets, before, info, timings)

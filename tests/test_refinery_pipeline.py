@@ -1,0 +1,180 @@
+"""The refinery pipeline and the paper's Sect. 5.1 demo on scikit-learn digits."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from mrtf.data import load_builtin
+from mrtf.errors import InputError
+from mrtf.federated import LocalConfig, local_train
+from mrtf.io.bundles import BundleMeta, ReceivedModel, ReceivedSet
+from mrtf.io.hdf5 import ArraySource, H5Dataset, write_dataset
+from mrtf.models import build_model
+from mrtf.refinery import (
+    RefineConfig,
+    accuracy_of,
+    avg_logit,
+    avg_prob,
+    refine,
+    stabilized_probs,
+    teacher_logits,
+)
+
+KW = {"in_channels": 1, "image_size": 8}
+CLASSES = ((0, 1), (2, 3), (4, 5))
+
+
+def _meta(role, res=None, arch="lenet", kw=KW):
+    return BundleMeta(arch=arch, num_classes=10, arch_kwargs=dict(kw), role=role,
+                      n_samples=None if res is None else res.n_samples,
+                      train_loss=None if res is None else res.train_loss)
+
+
+@pytest.fixture(scope="module")
+def demo():
+    """3 clients from one LeNet init, each trained on 2 digit classes; target = held-out set."""
+    torch.set_num_threads(1)
+    ds = load_builtin("digits")
+    perm = np.random.default_rng(0).permutation(len(ds.y))
+    train, target = perm[:1200], perm[1200:]
+    x, y = torch.from_numpy(ds.x), torch.from_numpy(ds.y)
+    torch.manual_seed(0)
+    init = build_model("lenet", 10, **KW)
+    models = []
+    for k, cls in enumerate(CLASSES):
+        idx = train[np.isin(ds.y[train], cls)]
+        res = local_train(init, x[idx], y[idx], 10, LocalConfig(steps=100, lr=0.01), seed=k)
+        models.append(ReceivedModel(Path(f"client-{k}.safetensors"), _meta("local", res),
+                                    res.model.state_dict()))
+    start = ReceivedModel(Path("global.safetensors"), _meta("global"), init.state_dict())
+    return {"received": ReceivedSet(models + [start], []), "x": ds.x[target],
+            "y": ds.y[target]}
+
+
+def _cfg(**kw):
+    base = dict(steps=15, batch_size=32, progress=False, inference_batch=256)
+    base.update(kw)
+    return RefineConfig(**base)
+
+
+def test_demo_avgprob_beats_avglogit(demo):
+    """Sect. 5.1: with 2-class clients, stabilized AvgProb (Eq. 6-7) beats AvgLogit (Eq. 3)."""
+    teachers = [m.build() for m in demo["received"].by_role("local")]
+    logits = teacher_logits(teachers, ArraySource(demo["x"]), 256).logits
+    al = accuracy_of(avg_logit(logits), demo["y"])
+    ap = accuracy_of(avg_prob(stabilized_probs(logits, tau=4.0)), demo["y"])
+    assert ap > al + 0.05, (ap, al)
+
+
+@pytest.mark.parametrize("mode", ["vmap", "nhwc"])
+def test_stacked_teachers_equal_loop(demo, mode):
+    teachers = [m.build() for m in demo["received"].models]
+    src = ArraySource(demo["x"])
+    fast = teacher_logits(teachers, src, 100, stack=mode)
+    loop = teacher_logits(teachers, src, 100, stack="loop")
+    if mode == "vmap":
+        assert fast.stacked_groups == 1 and fast.looped_groups == 0
+    np.testing.assert_allclose(fast.logits, loop.logits, atol=1e-5)
+    one = teacher_logits([teachers[1]], src, 64).logits[0]
+    np.testing.assert_allclose(loop.logits[1], one, atol=1e-5)
+
+
+def test_vmap_with_batchnorm_in_eval():
+    torch.manual_seed(0)
+    models = [build_model("convnet", 10, norm="batch", **KW).eval() for _ in range(3)]
+    for m in models:  # non-trivial running statistics
+        for b in m.modules():
+            if isinstance(b, torch.nn.BatchNorm2d):
+                b.running_mean.uniform_(-1, 1)
+                b.running_var.uniform_(0.5, 2)
+    src = ArraySource(np.random.default_rng(0).random((50, 1, 8, 8), dtype=np.float32))
+    fast = teacher_logits(models, src, 32, stack="vmap")
+    assert fast.stacked_groups == 1
+    np.testing.assert_allclose(fast.logits, teacher_logits(models, src, 32, stack="loop").logits,
+                               atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["fedavg", "feddf", "st", "st+rd", "mrtf"])
+def test_methods_run_and_ignore_y(demo, method):
+    y = demo["y"]
+    a = refine(demo["received"], ArraySource(demo["x"], y), _cfg(method=method))
+    b = refine(demo["received"], ArraySource(demo["x"], np.random.default_rng(1).permutation(y)),
+               _cfg(method=method))
+    assert a.probs.shape == (len(y), 10) and a.probs.dtype == np.float32
+    np.testing.assert_array_equal(a.probs, b.probs)
+    np.testing.assert_allclose(a.probs.sum(1), 1.0, atol=1e-5)
+    assert a.info["method"] == method and a.info["teachers"] == 3
+    assert set(a.timings) == {"teachers", "clr", "distill", "predict"}
+    if method == "fedavg":
+        np.testing.assert_array_equal(a.probs, a.averaged_probs)
+    else:
+        assert not np.array_equal(a.probs, a.averaged_probs)
+
+
+def test_same_seed_identical_and_seed_matters(demo, tmp_path):
+    path = write_dataset(tmp_path / "t.h5", demo["x"], demo["y"])
+    with H5Dataset(path) as src:
+        a = refine(demo["received"], src, _cfg(seed=3))
+        b = refine(demo["received"], src, _cfg(seed=3))
+        c = refine(demo["received"], src, _cfg(seed=4))
+    np.testing.assert_array_equal(a.probs, b.probs)
+    np.testing.assert_array_equal(a.target_probs, b.target_probs)
+    assert not np.array_equal(a.probs, c.probs)
+    d = refine(demo["received"], ArraySource(demo["x"]), _cfg(seed=3))  # HDF5 == memory
+    np.testing.assert_allclose(a.probs, d.probs, atol=1e-6)
+
+
+def test_missing_global_and_loss_notes(demo):
+    locals_ = [ReceivedModel(m.path, _meta("local"), m.state_dict)
+               for m in demo["received"].by_role("local")]
+    r = refine(ReceivedSet(locals_, []), ArraySource(demo["x"]), _cfg(method="st+rd"))
+    assert r.info["u_t"] == 0.5
+    assert any("θ_t" in n for n in r.info["notes"])
+    assert any("fallback" in n for n in r.info["notes"])
+
+
+def test_heterogeneous_parties_with_student(demo):
+    received = demo["received"]
+    torch.manual_seed(1)
+    other = build_model("mlp", 10, **KW)
+    mixed = received.by_role("local")[:2] + [ReceivedModel(
+        Path("mlp.safetensors"), _meta("local", arch="mlp"), other.state_dict())]
+    rs = ReceivedSet(mixed, [])
+    with pytest.raises(InputError, match="student"):
+        refine(rs, ArraySource(demo["x"]), _cfg())
+    student = build_model("lenet", 10, **KW)
+    before = {k: v.clone() for k, v in student.state_dict().items()}
+    r = refine(rs, ArraySource(demo["x"]), _cfg(), student=student)
+    assert r.info["heterogeneous"] and any("student" in n for n in r.info["notes"])
+    assert r.probs.shape == (len(demo["y"]), 10)
+    assert all(torch.equal(v, student.state_dict()[k]) for k, v in before.items())
+    with pytest.raises(InputError, match="fedavg"):
+        refine(rs, ArraySource(demo["x"]), _cfg(method="fedavg"), student=student)
+
+
+def test_bad_inputs(demo):
+    rs = demo["received"]
+    with pytest.raises(InputError, match="do not fit"):
+        refine(rs, ArraySource(np.zeros((4, 3, 5, 5), np.float32)), _cfg())
+    with pytest.raises(InputError, match="empty"):
+        refine(rs, ArraySource(np.zeros((0, 1, 8, 8), np.float32)), _cfg())
+    with pytest.raises(InputError, match="classes"):
+        refine(rs, ArraySource(demo["x"]), _cfg(), student=build_model("lenet", 7, **KW))
+    with pytest.raises(InputError, match="method"):
+        refine(rs, ArraySource(demo["x"]), _cfg(method="nope"))
+    with pytest.raises(InputError, match="steps"):
+        refine(rs, ArraySource(demo["x"]), _cfg(steps=-1))
+    with pytest.raises(InputError, match="local"):
+        refine(ReceivedSet(rs.by_role("global"), []), ArraySource(demo["x"]), _cfg())
+
+
+def test_distillation_nan_raises_fusion_error(demo):
+    from mrtf.errors import FusionError
+    from mrtf.refinery import distill
+
+    student = build_model("lenet", 10, **KW)
+    targets = np.full((len(demo["y"]), 10), np.nan, dtype=np.float32)
+    with pytest.raises(FusionError):
+        distill(student, ArraySource(demo["x"]), targets, steps=3)
