@@ -9,6 +9,7 @@ from mrtf.cli.common import MrtfGroup
 from mrtf.cli.demo import demo
 from mrtf.cli.inspect import inspect
 from mrtf.cli.refine import label, refine_cmd, score
+from mrtf.cli.report import report
 from mrtf.cli.simulate import simulate
 
 
@@ -18,7 +19,7 @@ def cli() -> None:
     """mrtf: refine received models into one model and one labeled dataset."""
 
 
-for command in (simulate, refine_cmd, label, score, inspect, demo):
+for command in (simulate, refine_cmd, label, score, inspect, demo, report):
     cli.add_command(command)
 
 

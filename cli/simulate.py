@@ -1,4 +1,6 @@
-"""``mrtf simulate``: run a FedAvg federation and export what a pilot party receives."""
+"""``mrtf simulate``: run a FedAvg federation and export what a pilot party receives, or (with
+``--config``, ``--methods`` or ``--out``) a federated evaluation run comparing server methods
+over seeds (mrtf.federated.runner)."""
 
 from __future__ import annotations
 
@@ -49,9 +51,55 @@ from mrtf.models import available_archs
               help="Write the server's target set (x, and y for scoring) to this .h5 file.")
 @click.option("--force", is_flag=True, help="Replace existing outputs.")
 @click.option("--device", default=None, help="cpu, cuda, ... (default: CUDA when present).")
+@click.option("--config", "config_file", type=click.Path(path_type=Path), default=None,
+              help="Run config (TOML) for an evaluation run; command-line flags override it.")
+@click.option("--methods", default=None,
+              help="Server methods to compare: fedavg, feddf, st, st+rd, mrtf, fedftg, fedkf.")
+@click.option("--seeds", default=None, help="Comma-separated seeds (one run per seed).")
+@click.option("--out", "run_out", type=click.Path(path_type=Path), default=None,
+              help="Run directory (metrics.jsonl/.h5, accuracy.png, summary.md, checkpoints).")
+@click.option("--resume", is_flag=True, help="Continue the run in --out from its checkpoint.")
+@click.option("--target", default=None,
+              help="Server's dataset (default: held-out part of --dataset; another name or "
+                   ".h5 = cross-domain, resized/channel-converted to the source's shape).")
+@click.option("--local-algorithm", type=click.Choice(["fedavg", "fedprox", "scaffold"]),
+              default=None, help="Client update (fedprox uses --mu).")
+@click.option("--dp-sigma", type=float, default=None,
+              help="σ of the Gaussian noise added to each client's update (MrTF Sect. 5.5).")
+@click.option("--dp-clip", type=float, default=None,
+              help="Clip each client's update to this L2 norm before the noise (0 = none).")
+@click.option("--eval-every", type=int, default=None, help="Evaluate every N rounds.")
+@click.option("--refine-steps", type=int, default=None,
+              help="Distillation steps of the refinery methods (default 500).")
+@click.option("--refine-lr", type=float, default=None, help="Distillation lr.")
+@click.option("--variant", type=click.Choice(["paper", "reference"]), default=None,
+              help="Refinery variant.")
+@click.option("--clr-min-round", type=int, default=None,
+              help="Skip MrTF's clustered label refinery before this round (default 5).")
+@click.option("--keep-training-on-average", is_flag=True, default=None,
+              help="Refinery methods: clients keep receiving the plain average (authors' code).")
+@click.option("--fusion-iterations", type=int, default=None,
+              help="FedFTG outer iterations per round (I, default 10).")
+@click.option("--fusion-student-steps", type=int, default=None,
+              help="FedFTG student steps per iteration (I_d, default 5).")
+@click.option("--fusion-batch", type=int, default=None,
+              help="Generated batch size (FedFTG 50, FedKF 64).")
+@click.option("--fedkf-kd-from-round", type=int, default=None,
+              help="FedKF: knowledge fusion from this round (paper 0, authors' code 1).")
+@click.option("--fedkf-oca", type=click.Choice(["paper", "reference"]), default=None,
+              help="FedKF OCA over all K slots (paper) or only clients that trained.")
 @output_options
 def simulate(out: Out, **opts) -> None:
-    """Simulate a federation (FedAvg) and export received models and the target set."""
+    """Simulate a federation (FedAvg) and export received models and the target set; or run
+    and compare server methods over seeds (--config / --methods / --out)."""
+    run_keys = ("config_file", "methods", "seeds", "run_out", "resume", *RUN_ONLY)
+    run_opts = {k: opts.pop(k) for k in run_keys}
+    if run_opts["config_file"] or run_opts["methods"] or run_opts["run_out"]:
+        return evaluation_run(out, opts, run_opts)
+    given = [k for k, v in run_opts.items() if v not in (None, False)]
+    if given:
+        raise InputError(f"--{given[0].replace('_', '-')} needs an evaluation run "
+                         "(--methods, --out or --config)")
     received_dir, target_file = opts.pop("export_received"), opts.pop("export_target")
     force, device = opts.pop("force"), opts.pop("device")
     history = opts.pop("export_history")
@@ -86,6 +134,69 @@ def simulate(out: Out, **opts) -> None:
         "rounds": [vars(r) for r in result.records],
         "final_accuracy": result.records[-1].accuracy, "outputs": written,
     })
+
+
+RUN_ONLY = ("target", "local_algorithm", "dp_sigma", "dp_clip", "eval_every", "refine_steps",
+            "refine_lr", "variant", "clr_min_round", "keep_training_on_average",
+            "fusion_iterations", "fusion_student_steps", "fusion_batch", "fedkf_kd_from_round",
+            "fedkf_oca")
+#: CLI option name → RunConfig key, for options shared with the single FedAvg simulation
+SHARED = {"dataset": "dataset", "clients": "clients", "split": "split", "ratio": "ratio",
+          "rounds": "rounds", "epochs": "epochs", "local_steps": "local_steps", "lr": "lr",
+          "batch_size": "batch_size", "mu": "mu", "arch": "arch", "norm": "norm",
+          "target_size": "target_size", "image_size": "image_size", "channels": "channels"}
+
+
+def _explicit(name: str) -> bool:
+    ctx = click.get_current_context()
+    src = ctx.get_parameter_source(name)
+    return src is not None and src.name in ("COMMANDLINE", "ENVIRONMENT")
+
+
+def evaluation_run(out: Out, opts: dict, run_opts: dict) -> None:
+    """``mrtf simulate --config/--methods/--out``: defaults < config file < explicit flags."""
+    from mrtf.federated.runner import RunConfig, load_toml, run
+
+    for bad in ("export_received", "export_target", "export_history"):
+        if opts.get(bad):
+            raise InputError(f"--{bad.replace('_', '-')} is for a single FedAvg simulation, "
+                             "not an evaluation run (--methods/--out/--config)")
+    data: dict = {}
+    if run_opts["config_file"]:
+        data.update(load_toml(run_opts["config_file"]))
+    for name, key in SHARED.items():
+        if _explicit(name):
+            data[key] = opts[name]
+    if _explicit("channels") and opts["channels"]:
+        data["channels"] = int(opts["channels"])
+    if _explicit("seed") and not run_opts["seeds"]:
+        data["seeds"] = [opts["seed"]]
+    if run_opts["run_out"] is not None:
+        data["out"] = str(run_opts["run_out"])
+    for key in ("methods", "seeds", *RUN_ONLY):
+        if run_opts[key] is not None and _explicit(key):
+            data[key] = run_opts[key]
+    where = str(run_opts["config_file"] or "command line")
+    cfg = RunConfig.from_dict(data, where)
+    cfg.validate()
+    out.say(f"evaluation run {cfg.dataset}{' → ' + cfg.target if cfg.cross_domain else ''}: "
+            f"K={cfg.clients} split={cfg.split} R={cfg.ratio} T={cfg.rounds} arch={cfg.arch} "
+            f"local={cfg.local_algorithm} methods={','.join(cfg.methods)} "
+            f"seeds={','.join(map(str, cfg.seeds))} → {cfg.out}")
+
+    def show(rec: dict) -> None:
+        if not out.progress:
+            out.say(f"seed {rec['seed']} {rec['method']:<7} round {rec['round']:>3}/"
+                    f"{cfg.rounds}  accuracy {rec['accuracy']:.4f}  {rec['seconds']:.1f}s")
+
+    result = run(cfg, cfg.out, resume=run_opts["resume"], force=opts["force"],
+                 progress=out.progress, device=opts["device"], on_record=show)
+    for method, s in result.summary.items():
+        out.say(f"{method:<7} final {s['final_mean']:.4f} ± {s['final_std']:.4f}  best of last "
+                f"5 {s['best5_mean']:.4f} ± {s['best5_std']:.4f}")
+    out.say(f"wrote {result.out}/summary.md, accuracy.png, metrics.jsonl, metrics.h5")
+    out.summary({"command": "simulate", "run": str(result.out), "config": cfg.to_dict(),
+                 "summary": result.summary})
 
 
 def build_config(opts: dict) -> SimulationConfig:

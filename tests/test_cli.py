@@ -168,3 +168,63 @@ def test_refine_bad_input(simulated, tmp_path, extra, message):
     assert res.exit_code == 2, res.output
     assert message in res.output and "Traceback" not in res.output
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_refine_without_data_fuses_data_free(simulated, tmp_path):
+    root, _ = simulated
+    model, png = tmp_path / "fused.safetensors", tmp_path / "samples.png"
+    res = run("refine", root / "received", "--model", model, "--steps", "10",
+              "--dump-samples", png, "--json")
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.output)
+    assert summary["datafree"] == "fedftg" and "label counts" in summary["reason"]
+    assert model.exists() and png.read_bytes()[:4] == b"\x89PNG"
+    # The fused model is a normal bundle: `mrtf label` uses it for data collected later.
+    assert run("label", model, "--data", root / "target.h5", "--labels",
+               tmp_path / "l.h5").exit_code == 0
+    res = run("refine", root / "received", "--model", tmp_path / "kf.safetensors",
+              "--datafree", "fedkf", "--steps", "5", "--quiet")
+    assert res.exit_code == 0 and (tmp_path / "kf.safetensors").exists()
+
+
+def test_forced_fedftg_without_counts_is_refused(simulated, tmp_path):
+    root, _ = simulated
+    from mrtf.io import load_bundle, save_bundle
+
+    recv = tmp_path / "recv"
+    recv.mkdir()
+    for p in (root / "received").iterdir():
+        m = load_bundle(p)
+        m.meta.label_counts = None
+        save_bundle(recv / p.name, m.state_dict, m.meta)
+    res = CliRunner().invoke(cli, ["refine", str(recv), "--model", str(tmp_path / "m.st"),
+                                   "--datafree", "fedftg"])
+    assert res.exit_code == 2 and "use --datafree fedkf" in res.output
+    assert not (tmp_path / "m.st").exists()
+
+
+def test_heterogeneous_parties_need_and_use_a_student(simulated, tmp_path):
+    root, _ = simulated
+    import torch
+
+    from mrtf.io import BundleMeta, save_bundle
+    from mrtf.models import build_model
+
+    recv = tmp_path / "recv"
+    recv.mkdir()
+    for p in (root / "received").iterdir():
+        (recv / p.name).write_bytes(p.read_bytes())
+    kw = {"in_channels": 1, "image_size": 8}
+    torch.manual_seed(0)
+    save_bundle(recv / "mlp-party.safetensors", build_model("mlp", 10, **kw),
+                BundleMeta(arch="mlp", num_classes=10, arch_kwargs=kw, party="mlp-party",
+                           train_loss=1.0, round=1, label_counts=[5] * 10, n_samples=50))
+    args = ["refine", str(recv), "--data", str(root / "target.h5"), "--labels",
+            str(tmp_path / "l.h5"), "--steps", "5"]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 2 and "differ in architecture" in res.output
+    res = CliRunner().invoke(cli, [*args, "--student-arch", "convnet", "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.output)
+    assert summary["heterogeneous"] is True
+    assert any("heterogeneous" in n for n in summary["notes"])

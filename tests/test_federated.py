@@ -72,3 +72,23 @@ def test_exported_federation(digits_federation):
     avg, _ = average_received(local)
     for key, value in result.last.global_state.items():
         torch.testing.assert_close(avg.state_dict()[key], value)
+
+
+def test_export_history_keeps_latest_model_per_client(tmp_path):
+    from mrtf.federated import export_received, run_fedavg
+    from mrtf.refinery import newest_locals
+
+    cfg = SimulationConfig(dataset="digits", clients=4, split="iid", ratio=0.5, rounds=3,
+                           arch="mlp", target_size=100, seed=0,
+                           local=LocalConfig(steps=2))
+    result = run_fedavg(cfg)
+    export_received(result, tmp_path / "last")
+    export_received(result, tmp_path / "hist", history=True)
+    last, hist = load_received(tmp_path / "last"), load_received(tmp_path / "hist")
+    assert len(last.by_role("local")) == 2
+    trained = {k for k in result.latest}
+    assert {m.name for m in hist.by_role("local")} == {f"client-{k:03d}" for k in trained}
+    assert all(m.meta.round == result.latest[int(m.name[-3:])][0]
+               for m in hist.by_role("local"))
+    # S_t for the refinery is the newest round's models only.
+    assert {m.name for m in newest_locals(hist)} == {m.name for m in last.by_role("local")}

@@ -53,7 +53,7 @@ def average_received(models: Sequence, by_samples: bool = True):
     for m in models[1:]:
         if (m.meta.arch, m.meta.arch_kwargs) != (first.arch, first.arch_kwargs):
             raise InputError("received models differ in architecture; there is no parameter "
-                             "average (give a student architecture or file)")
+                             "average (give a student: --student-arch ARCH or --student FILE)")
     counts = [m.meta.n_samples for m in models]
     if by_samples and all(c is not None and c > 0 for c in counts):
         weights = [float(c) for c in counts]

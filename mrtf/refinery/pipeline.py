@@ -174,7 +174,7 @@ def _plan(received, source, config: RefineConfig, student: nn.Module | None,
     if hetero:
         if student is None:
             raise InputError("received models differ in architecture: there is no parameter "
-                             "average; give a student architecture or file")
+                             "average; give a student (--student-arch ARCH or --student FILE)")
         if config.method == "fedavg":
             raise InputError("method fedavg needs local models of one architecture")
         notes.append("heterogeneous parties: no parameter average; the student's own "

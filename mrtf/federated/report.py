@@ -1,0 +1,144 @@
+"""Render a run directory: metrics.h5, accuracy.png (accuracy vs round per method, with a band
+over seeds) and summary.md (final and best-of-last-5 accuracy, mean ± std over seeds)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from mrtf.errors import InputError
+from mrtf.federated.methods import SCORES
+from mrtf.io.atomic import atomic_path
+
+COLUMNS = ("round", "accuracy", *SCORES, "local_loss", "seconds", "elapsed")
+
+
+def load_records(run_dir: str | Path) -> list[dict]:
+    p = Path(run_dir) / "metrics.jsonl"
+    if not p.is_file():
+        raise InputError(f"{run_dir} is not a run directory (no metrics.jsonl)")
+    try:
+        return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    except ValueError as exc:
+        raise InputError(f"{p}: malformed JSON line ({exc})") from None
+
+
+def _methods(records: list[dict]) -> list[str]:
+    return list(dict.fromkeys(r["method"] for r in records))
+
+
+def _series(records: list[dict], method: str) -> dict[int, list[dict]]:
+    by_seed: dict[int, list[dict]] = {}
+    for r in records:
+        if r["method"] == method:
+            by_seed.setdefault(r["seed"], []).append(r)
+    return {s: sorted(rs, key=lambda r: r["round"]) for s, rs in by_seed.items()}
+
+
+def summarize(records: list[dict]) -> dict[str, dict[str, float]]:
+    """Per method: final / best-of-last-5 accuracy (mean, std over seeds), wall seconds."""
+    out: dict[str, dict[str, float]] = {}
+    for m in _methods(records):
+        series = _series(records, m)
+        final = [rs[-1]["accuracy"] for rs in series.values()]
+        best5 = [max(r["accuracy"] for r in rs[-5:]) for rs in series.values()]
+        wall = [rs[-1].get("elapsed") or 0.0 for rs in series.values()]
+        out[m] = {"final_mean": float(np.mean(final)), "final_std": float(np.std(final)),
+                  "best5_mean": float(np.mean(best5)), "best5_std": float(np.std(best5)),
+                  "wall_mean": float(np.mean(wall)), "seeds": len(series),
+                  "rounds": int(max(rs[-1]["round"] for rs in series.values()))}
+    return out
+
+
+def _fmt(v) -> str:
+    return "–" if v is None else f"{v:.4f}"
+
+
+def summary_markdown(records: list[dict], config: dict | None = None) -> str:
+    summ = summarize(records)
+    lines = ["# Federated evaluation run", ""]
+    if config:
+        keys = ("dataset", "target", "clients", "split", "ratio", "rounds", "epochs", "arch",
+                "local_algorithm", "dp_sigma", "dp_clip")
+        lines += ["Setting: " + ", ".join(f"{k}={config.get(k)}" for k in keys
+                                           if k in config), ""]
+    lines += ["Accuracy on the target set (mean ± std over seeds; best of the last 5 "
+              "evaluations per seed).", "",
+              "| method | seeds | rounds | final | best of last 5 | wall s |",
+              "|---|---|---|---|---|---|"]
+    for m, s in summ.items():
+        lines.append(f"| {m} | {s['seeds']} | {s['rounds']} | {s['final_mean']:.4f} ± "
+                     f"{s['final_std']:.4f} | {s['best5_mean']:.4f} ± {s['best5_std']:.4f} | "
+                     f"{s['wall_mean']:.1f} |")
+    lines += ["", "Final round per seed (every model scored):", "",
+              "| method | seed | round | accuracy | " + " | ".join(SCORES) +
+              " | local loss |", "|---" * (5 + len(SCORES)) + "|"]
+    for m in summ:
+        for seed, rs in _series(records, m).items():
+            r = rs[-1]
+            lines.append(f"| {m} | {seed} | {r['round']} | {_fmt(r['accuracy'])} | " +
+                         " | ".join(_fmt(r.get(c)) for c in SCORES) +
+                         f" | {_fmt(r.get('local_loss'))} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(records: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for m in _methods(records):
+        series = _series(records, m)
+        rounds = sorted({r["round"] for rs in series.values() for r in rs})
+        acc = np.full((len(series), len(rounds)), np.nan)
+        for i, rs in enumerate(series.values()):
+            for r in rs:
+                acc[i, rounds.index(r["round"])] = r["accuracy"]
+        mean = np.nanmean(acc, 0)
+        line, = ax.plot(rounds, mean, marker="o" if len(rounds) < 20 else None, label=m)
+        if len(series) > 1:
+            ax.fill_between(rounds, np.nanmin(acc, 0), np.nanmax(acc, 0),
+                            color=line.get_color(), alpha=0.2)
+    ax.set_xlabel("round")
+    ax.set_ylabel("accuracy on the target set")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+
+
+def write_h5(records: list[dict], path: Path) -> None:
+    """metrics.h5: one dataset per column (NaN where a method has no such model), plus
+    ``method`` (strings) and ``seed``."""
+    import h5py
+
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+        f.create_dataset("method", data=np.array([r["method"] for r in records], dtype="S"))
+        f.create_dataset("seed", data=np.array([r["seed"] for r in records], dtype=np.int64))
+        for col in COLUMNS:
+            vals = [r.get(col) for r in records]
+            f.create_dataset(col, data=np.array([np.nan if v is None else v for v in vals],
+                                                dtype=np.float64))
+
+
+def render(run_dir: str | Path, records: list[dict] | None = None) -> dict:
+    """(Re)write metrics.h5, accuracy.png and summary.md from metrics.jsonl; returns the
+    summary dict."""
+    run_dir = Path(run_dir)
+    if records is None:
+        records = load_records(run_dir)
+    if not records:
+        raise InputError(f"{run_dir}: metrics.jsonl holds no rows yet")
+    cfg_path = run_dir / "config.json"
+    config = json.loads(cfg_path.read_text()) if cfg_path.is_file() else None
+    write_h5(records, run_dir / "metrics.h5")
+    plot(records, run_dir / "accuracy.png")
+    with atomic_path(run_dir / "summary.md") as tmp:
+        tmp.write_text(summary_markdown(records, config))
+    return summarize(records)

@@ -1,0 +1,92 @@
+"""`mrtf simulate --config/--methods/--out` and `mrtf report` end to end on digits."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from mrtf.cli.main import cli
+
+TOML = """
+dataset = "digits"
+clients = 6
+split = "label:2"
+ratio = 0.5
+rounds = 2
+local_steps = 3
+arch = "lenet"
+target_size = 200
+methods = ["fedavg", "mrtf"]
+seeds = [0, 1]
+refine_steps = 5
+"""
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def cfg_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cliruns")
+    (root / "run.toml").write_text(TOML + f'out = "{root / "run"}"\n')
+    # the command line overrides the file: --methods and --rounds
+    res = run("simulate", "--config", root / "run.toml", "--methods", "fedavg,feddf",
+              "--rounds", "1", "--json")
+    assert res.exit_code == 0, res.output
+    return root, json.loads(res.output)
+
+
+def test_flags_override_config(cfg_run):
+    root, summary = cfg_run
+    config = json.loads((root / "run" / "config.json").read_text())
+    assert config["methods"] == ["fedavg", "feddf"] and config["rounds"] == 1
+    assert config["seeds"] == [0, 1] and config["clients"] == 6
+    assert set(summary["summary"]) == {"fedavg", "feddf"}
+    lines = (root / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 4  # 2 methods × 2 seeds × 1 round
+
+
+def test_report_rerenders(cfg_run):
+    root, _ = cfg_run
+    (root / "run" / "summary.md").unlink()
+    (root / "run" / "accuracy.png").unlink()
+    res = run("report", root / "run", "--json")
+    assert res.exit_code == 0, res.output
+    assert (root / "run" / "summary.md").is_file() and (root / "run" / "accuracy.png").is_file()
+    assert set(json.loads(res.output)["summary"]) == {"fedavg", "feddf"}
+
+
+def test_flags_only_run_and_resume(tmp_path):
+    args = ["simulate", "--dataset", "digits", "--clients", "6", "--split", "label:2",
+            "--ratio", "0.5", "--rounds", "1", "--local-steps", "2", "--target-size", "100",
+            "--methods", "fedavg", "--seeds", "0", "--out", tmp_path / "r", "-q"]
+    assert run(*args).exit_code == 0
+    assert run(*args).exit_code == 2  # the directory holds a run
+    assert run(*args, "--resume").exit_code == 0  # complete: re-rendered, nothing rerun
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--methods", "fedavg,nope"], "unknown method"),
+    (["--methods", "fedavg", "--dataset", "nope"], "unknown dataset"),
+    (["--methods", "fedavg", "--clients", "4", "--ratio", "0.1"], "R·K < 1"),
+    (["--methods", "fedavg", "--dp-sigma", "-1"], "σ"),
+    (["--methods", "fedavg", "--target", "nope"], "unknown target"),
+    (["--dp-sigma", "0.1"], "needs an evaluation run"),
+    (["--config", "missing.toml"], "not found"),
+])
+def test_bad_input_exits_2(tmp_path, extra, message):
+    res = CliRunner().invoke(cli, ["simulate", "--dataset", "digits", "--out",
+                                   str(tmp_path / "o"), *extra]
+                             if extra[0] != "--dp-sigma" else ["simulate", *extra])
+    assert res.exit_code == 2, res.output
+    assert message in res.output and "Traceback" not in res.output
+    assert len(res.output.strip().splitlines()) == 1
+
+
+def test_other_run_in_out_dir_is_refused(cfg_run):
+    root, _ = cfg_run
+    res = CliRunner().invoke(cli, ["simulate", "--config", str(root / "run.toml"), "--resume"])
+    assert res.exit_code == 2 and "different run" in res.output
