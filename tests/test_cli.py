@@ -228,3 +228,19 @@ def test_heterogeneous_parties_need_and_use_a_student(simulated, tmp_path):
     summary = json.loads(res.output)
     assert summary["heterogeneous"] is True
     assert any("heterogeneous" in n for n in summary["notes"])
+
+
+def test_convert_builtin_and_arrays(tmp_path):
+    res = run("convert", "digits", tmp_path / "d.h5", "--image-size", "28", "--unlabeled",
+              "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["shape"] == [1, 28, 28]
+    with h5py.File(tmp_path / "d.h5") as f:
+        assert f["x"].shape == (1797, 1, 28, 28) and "y" not in f
+    np.savez(tmp_path / "a.npz", x=np.zeros((4, 8, 8), np.uint8), y=np.arange(4))
+    assert run("convert", tmp_path / "a.npz", tmp_path / "a.h5").exit_code == 0
+    with h5py.File(tmp_path / "a.h5") as f:
+        assert f["x"].shape == (4, 1, 8, 8) and f["y"][:].tolist() == [0, 1, 2, 3]
+    res = CliRunner().invoke(cli, ["convert", "nothing-here", str(tmp_path / "n.h5")])
+    assert res.exit_code == 2 and "no such file" in res.output
+    assert not (tmp_path / "n.h5").exists()

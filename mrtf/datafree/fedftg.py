@@ -147,7 +147,7 @@ class FedFTGState:
     last_batch: torch.Tensor | None = None
 
 
-def _generator_step(st: FedFTGState, teachers: Sequence[nn.Module], z: torch.Tensor,
+def generator_step(st: FedFTGState, teachers: Sequence[nn.Module], z: torch.Tensor,
                     y: torch.Tensor, alpha: torch.Tensor, cfg: FusionConfig,
                     opt: torch.optim.Optimizer) -> dict[str, float]:
     """One step on min λ_cls·L_cls + λ_dis·L_dis − L_md (Eq. 8, generator side)."""
@@ -165,7 +165,7 @@ def _generator_step(st: FedFTGState, teachers: Sequence[nn.Module], z: torch.Ten
             "md_gen": l_md.item()}
 
 
-def _student_steps(st: FedFTGState, teachers: Sequence[nn.Module], z: torch.Tensor,
+def student_steps(st: FedFTGState, teachers: Sequence[nn.Module], z: torch.Tensor,
                    y: torch.Tensor, alpha: torch.Tensor, cfg: FusionConfig,
                    opt: torch.optim.Optimizer) -> float:
     """I_d steps on min L_md (Eq. 3, 8) over one mined batch; teachers' outputs computed once."""
@@ -211,8 +211,8 @@ def run_fedftg(teachers: Sequence[nn.Module], counts: Sequence[Sequence[int]],
             y = stratified_labels(p_y, cfg.batch_size, rng).to(device)
             rec: dict[str, float] = {"round": rnd, "iteration": it}
             for _ in range(cfg.gen_steps):
-                rec.update(_generator_step(st, teachers, z, y, alpha, cfg, g_opt))
-            rec["md_student"] = _student_steps(st, teachers, z, y, alpha, cfg, s_opt)
+                rec.update(generator_step(st, teachers, z, y, alpha, cfg, g_opt))
+            rec["md_student"] = student_steps(st, teachers, z, y, alpha, cfg, s_opt)
             check_finite({k: v for k, v in rec.items() if k not in ("round", "iteration")},
                          f"FedFTG round {rnd} iteration {it}")
             st.history.append(rec)

@@ -100,7 +100,7 @@ class FedKFState:
     last_batch: torch.Tensor | None = None
 
 
-def _generator_step(st: FedKFState, teacher: nn.Module, z: torch.Tensor, cfg: FusionConfig,
+def generator_step(st: FedKFState, teacher: nn.Module, z: torch.Tensor, cfg: FusionConfig,
                     opt: torch.optim.Optimizer) -> dict[str, float]:
     """One step on L_G = L_IE + λ1·L_OH + λ2·L_A (Eq. 5)."""
     st.generator.train()
@@ -114,7 +114,7 @@ def _generator_step(st: FedKFState, teacher: nn.Module, z: torch.Tensor, cfg: Fu
     return {"gen_loss": loss.item(), "ie": l_ie.item(), "oh": l_oh.item(), "act": l_a.item()}
 
 
-def _student_step(st: FedKFState, teacher: nn.Module, z: torch.Tensor, cfg: FusionConfig,
+def student_step(st: FedKFState, teacher: nn.Module, z: torch.Tensor, cfg: FusionConfig,
                   opt: torch.optim.Optimizer) -> float:
     """One step on γ·L_KL (Eq. 6, 8) over freshly generated samples."""
     with torch.no_grad():
@@ -147,9 +147,9 @@ def run_fedkf(teacher: nn.Module, student: nn.Module, image_shape: tuple[int, in
                             momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     for step in range(cfg.steps):
         rec: dict[str, float] = {"step": step}
-        rec.update(_generator_step(st, teacher, sample_noise(cfg.batch_size, gen.noise_dim,
+        rec.update(generator_step(st, teacher, sample_noise(cfg.batch_size, gen.noise_dim,
                                                              rng, device), cfg, g_opt))
-        rec["kl_student"] = _student_step(
+        rec["kl_student"] = student_step(
             st, teacher, sample_noise(cfg.batch_size, gen.noise_dim, rng, device), cfg, s_opt)
         check_finite({k: v for k, v in rec.items() if k != "step"}, f"FedKF step {step}")
         st.history.append(rec)

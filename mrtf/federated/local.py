@@ -68,7 +68,7 @@ def local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes:
         idx = order[cursor:cursor + batch]
         cursor += batch
         xb, yb = x[idx].to(device), y[idx].to(device)
-        if len(idx) == 1 and _has_batchnorm(local):
+        if len(idx) == 1 and has_batchnorm(local):
             continue  # BatchNorm cannot train on a single sample
         loss = F.cross_entropy(local(xb), yb)
         total = loss
@@ -90,7 +90,7 @@ def local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes:
                        float("nan"), label_counts=counts, n_samples=n)
 
 
-def _has_batchnorm(model: nn.Module) -> bool:
+def has_batchnorm(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 

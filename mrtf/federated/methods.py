@@ -44,16 +44,16 @@ from mrtf.datafree.fedftg import (
     stratified_labels,
 )
 from mrtf.datafree.fedftg import (
-    _generator_step as _ftg_generator_step,
+    generator_step as ftg_generator_step,
 )
 from mrtf.datafree.fedftg import (
-    _student_steps as _ftg_student_steps,
+    student_steps as ftg_student_steps,
 )
 from mrtf.datafree.fedkf import FedKFState, kd_loss
-from mrtf.datafree.fedkf import _generator_step as _kf_generator_step
+from mrtf.datafree.fedkf import generator_step as kf_generator_step
 from mrtf.datafree.generators import ConditionalGenerator, UnconditionalGenerator, sample_noise
 from mrtf.federated.aggregate import average_states
-from mrtf.federated.local import LocalConfig, LocalResult, _has_batchnorm
+from mrtf.federated.local import LocalConfig, LocalResult, has_batchnorm
 from mrtf.io.bundles import BundleMeta, ReceivedModel, ReceivedSet
 from mrtf.models import build_model
 
@@ -248,8 +248,8 @@ class FedFTGStrategy(Strategy):
             z = sample_noise(cfg.batch_size, st.generator.noise_dim, rng, dev)
             y = stratified_labels(p_y, cfg.batch_size, rng).to(dev)
             for _ in range(cfg.gen_steps):
-                _ftg_generator_step(st, teachers, z, y, alpha, cfg, g_opt)
-            _ftg_student_steps(st, teachers, z, y, alpha, cfg, s_opt)
+                ftg_generator_step(st, teachers, z, y, alpha, cfg, g_opt)
+            ftg_student_steps(st, teachers, z, y, alpha, cfg, s_opt)
         self.generator = st.generator.cpu()
         fused = _cpu_state(st.student)
         return Aggregated(fused, "refined", states={"averaged": avg, "refined": fused})
@@ -377,9 +377,9 @@ def fedkf_local_train(model: nn.Module, teacher: nn.Module, generator: nn.Module
             order, cursor = torch.randperm(n, generator=rng), 0
         idx = order[cursor:cursor + batch]
         cursor += batch
-        if len(idx) == 1 and _has_batchnorm(net):
+        if len(idx) == 1 and has_batchnorm(net):
             continue
-        _kf_generator_step(st, teacher, sample_noise(cfg.batch_size, gen.noise_dim, zrng,
+        kf_generator_step(st, teacher, sample_noise(cfg.batch_size, gen.noise_dim, zrng,
                                                      device), cfg, g_opt)
         with torch.no_grad():
             xg = gen(sample_noise(cfg.batch_size, gen.noise_dim, zrng, device))

@@ -80,7 +80,7 @@ def distill(student: nn.Module, source, targets: np.ndarray, steps: int = 500,
     tgt = torch.from_numpy(np.ascontiguousarray(targets, dtype=np.float32))
     bar = _bar(steps, progress)
     for step, idx in enumerate(_batches(len(source), steps, batch_size, gen)):
-        if len(idx) < 2 and _has_batchnorm(student):
+        if len(idx) < 2 and has_batchnorm(student):
             continue  # BatchNorm cannot train on a single sample
         x = torch.from_numpy(source.take(idx)).to(dev)
         loss = soft_cross_entropy(student(x), tgt[idx].to(dev))
@@ -110,5 +110,5 @@ def _bar(steps: int, progress: bool):
     return tqdm(total=steps, desc="distill", unit="step", leave=False)
 
 
-def _has_batchnorm(model: nn.Module) -> bool:
+def has_batchnorm(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())

@@ -260,7 +260,7 @@ def refine(received, source, config: RefineConfig | None = None,
     if teachers:
         feats_of = self_model if config.method == "mrtf" and not skip_clr else None
         out = teacher_logits(teachers, source, config.inference_batch, dev, feats_of,
-                             config.stack)
+                             config.stack, progress=config.progress)
     if out is not None and teachers[-1] is self_model:
         before = _softmax_np(out.logits[-1])
     else:

@@ -114,8 +114,8 @@ def _group_forwards(models: Sequence[nn.Module], mode: str, probe: torch.Tensor
 
 def teacher_logits(models: Sequence[nn.Module], source, batch_size: int = 1024,
                    device: torch.device | str | None = None,
-                   features_of: nn.Module | None = None, stack: str | bool = "auto"
-                   ) -> TeacherOutputs:
+                   features_of: nn.Module | None = None, stack: str | bool = "auto",
+                   progress: bool = False) -> TeacherOutputs:
     """Every teacher's logits on the whole target set, computed once.
 
     Parameters
@@ -126,6 +126,7 @@ def teacher_logits(models: Sequence[nn.Module], source, batch_size: int = 1024,
         θ_{t+1} for the clustered label refinery (Eq. 11-12).
     stack : 'vmap' (stack same-architecture teachers, ``torch.func`` vmap), 'nhwc' (loop in
         channels-last), 'loop' (plain loop) or 'auto' (see :func:`resolve_stack`).
+    progress : show a progress bar over the target samples.
 
     Returns logits (K, M, C) float32 (and features (M, D) float32).
     """
@@ -135,8 +136,13 @@ def teacher_logits(models: Sequence[nn.Module], source, batch_size: int = 1024,
     m_total = len(source)
     logits: np.ndarray | None = None
     feats: np.ndarray | None = None
-    with torch.inference_mode():
+    from tqdm import tqdm
+
+    bar = tqdm(total=m_total, desc=f"teachers ×{len(models)}", unit="sample", leave=False,
+               disable=not progress)
+    with torch.inference_mode(), bar:
         for start, chunk in source.chunks(batch_size):
+            bar.update(len(chunk))
             x = torch.from_numpy(np.ascontiguousarray(chunk)).to(dev)
             if logits is None:
                 forwards = _group_forwards(models, mode, x[:2])

@@ -1,0 +1,50 @@
+"""``mrtf convert``: datasets into the HDF5 format (built-in names, .npz/.npy, image folders)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from mrtf.cli.common import Out, output_options
+from mrtf.data import BUILTIN, import_to_h5, load_builtin
+from mrtf.errors import InputError
+from mrtf.io.atomic import check_output
+from mrtf.io.hdf5 import H5Dataset, write_dataset
+
+
+@click.command()
+@click.argument("source")
+@click.argument("output", type=click.Path(path_type=Path))
+@click.option("--labels", "labels_file", type=click.Path(path_type=Path), default=None,
+              help="A .npy of labels for an .npy SOURCE.")
+@click.option("--image-size", type=int, default=None, help="Resize images to this size.")
+@click.option("--channels", type=click.Choice(["1", "3"]), default=None,
+              help="Convert images to 1 or 3 channels.")
+@click.option("--unlabeled", is_flag=True, help="Leave out y (a target set to label).")
+@click.option("--force", is_flag=True, help="Replace an existing OUTPUT.")
+@output_options
+def convert(source: str, output: Path, labels_file: Path | None, image_size: int | None,
+            channels: str | None, unlabeled: bool, force: bool, out: Out) -> None:
+    """Write SOURCE (a built-in dataset name, an .npz, an .npy, or an image folder with one
+    sub-folder per class, or flat for unlabeled images) to OUTPUT as an HDF5 dataset."""
+    check_output(output, force, (source,) if Path(source).exists() else ())
+    chans = int(channels) if channels else None
+    if source in BUILTIN:
+        ds = load_builtin(source, image_size, chans)
+        write_dataset(output, ds.x, None if unlabeled else ds.y, ids=range(len(ds.y)),
+                      attrs={"source": source})
+    elif Path(source).exists():
+        if unlabeled:
+            raise InputError("--unlabeled applies to built-in datasets; leave labels out of "
+                             "the source instead")
+        import_to_h5(source, output, labels_file, image_size, chans)
+    else:
+        raise InputError(f"{source}: no such file, folder or built-in dataset "
+                         f"({', '.join(BUILTIN)})")
+    with H5Dataset(output) as ds:
+        n, shape, labeled = len(ds), ds.sample_shape, ds.has_labels
+    out.say(f"wrote {n} samples of shape {'×'.join(map(str, shape))} "
+            f"({'labeled' if labeled else 'unlabeled'}) to {output}")
+    out.summary({"command": "convert", "output": str(output), "samples": n,
+                 "shape": list(shape), "labeled": labeled})
