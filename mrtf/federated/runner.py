@@ -470,6 +470,53 @@ def _check_target_fits(cfg: RunConfig, fed: Federation) -> None:
         raise InputError("the target does not fit the source's models")
 
 
+def _train_clients(cfg: RunConfig, fed: Federation, ts: TrackState, strategy, model,
+                   chosen: list[int], rnd: int, seed: int, dev: torch.device
+                   ) -> list[ClientUpdate]:
+    """One round's client updates (FedAvg/FedProx/SCAFFOLD or the strategy's own), with DP
+    clipping and noise applied before the server sees them; updates SCAFFOLD's c in ``ts``."""
+    local = cfg.local_config()
+    scaffold = cfg.local_algorithm == "scaffold"
+    updates: list[ClientUpdate] = []
+    delta_c: list[dict[str, torch.Tensor]] = []
+    for k in chosen:
+        s = sub_seed(seed, rnd, k, "local")
+        torch.manual_seed(s)  # dropout and anything else on the global RNG
+        idx = torch.from_numpy(fed.parts[k])
+        x, y = fed.x[idx], fed.y[idx]
+        res = strategy.client_update(rnd, k, model, x, y, local, s)
+        if res is None:
+            ctrl = None
+            if scaffold:
+                ck = ts.client_controls.get(k)
+                ctrl = {n: ts.control[n] - (ck[n] if ck else 0.0) for n in ts.control}
+            res = local_train(model, x, y, fed.num_classes, local, seed=s, device=dev,
+                              control=ctrl)
+            if scaffold:
+                delta_c.append(_scaffold_client(ts, k, model, res.model, local, len(x)))
+        state = {n: v.detach().cpu().clone() for n, v in res.model.state_dict().items()}
+        if cfg.dp_sigma > 0 or cfg.dp_clip > 0:
+            gen = torch.Generator().manual_seed(sub_seed(seed, rnd, k, "dp"))
+            state = privatize(ts.global_state, state, cfg.dp_sigma, cfg.dp_clip, gen)
+        updates.append(ClientUpdate(k, state, res.n_samples, res.label_counts,
+                                    res.train_loss))
+    if scaffold and delta_c:
+        for n in ts.control:  # c ← c + (1/N) Σ_{k∈S} Δc_k
+            ts.control[n] = ts.control[n] + sum(d[n] for d in delta_c) / cfg.clients
+    return updates
+
+
+def _score(ctx, agg, fed: Federation, dev: torch.device) -> dict[str, float | None]:
+    """Accuracy on the target of every model and prediction the strategy reports."""
+    scores: dict[str, float | None] = dict.fromkeys(SCORES)
+    for col, st in agg.states.items():
+        scores[col] = accuracy(ctx.build(st), fed.target_x, fed.target_y, device=dev)
+    y_np = fed.target_y.numpy()
+    for col, probs in agg.probs.items():
+        scores[col] = float((np.asarray(probs).argmax(1) == y_np).mean())
+    return scores
+
+
 def _run_track(cfg: RunConfig, fed: Federation, seed: int, method: str, ckdir: Path,
                name: str, dev: torch.device, bar, on_record, counter: dict,
                halt_after: int | None, all_records: dict, out: Path) -> list[dict] | None:
@@ -484,7 +531,6 @@ def _run_track(cfg: RunConfig, fed: Federation, seed: int, method: str, ckdir: P
                         seed=seed, device=dev, settings=cfg.settings())
     strategy = make_strategy(method, ctx)
     sim = cfg.simulation(seed)
-    local = cfg.local_config()
     scaffold = cfg.local_algorithm == "scaffold"
     torch.manual_seed(seed)  # the same initial model for every method of this seed
     model = build_model(cfg.arch, fed.num_classes, **fed.arch_kwargs)
@@ -500,38 +546,12 @@ def _run_track(cfg: RunConfig, fed: Federation, seed: int, method: str, ckdir: P
         bar.set_description(f"seed {seed} {method}")
     if ts.done:
         return ts.records
-    target_y = fed.target_y
     for rnd in range(ts.round, cfg.rounds):
         t0 = time.perf_counter()
         chosen = sorted(np.random.default_rng([seed, rnd, 17]).choice(
             cfg.clients, size=sim.per_round, replace=False).tolist())
         model.load_state_dict(ts.global_state)
-        updates: list[ClientUpdate] = []
-        delta_c: list[dict[str, torch.Tensor]] = []
-        for k in chosen:
-            s = sub_seed(seed, rnd, k, "local")
-            torch.manual_seed(s)  # dropout and anything else on the global RNG
-            idx = torch.from_numpy(fed.parts[k])
-            x, y = fed.x[idx], fed.y[idx]
-            res = strategy.client_update(rnd, k, model, x, y, local, s)
-            if res is None:
-                ctrl = None
-                if scaffold:
-                    ck = ts.client_controls.get(k)
-                    ctrl = {n: ts.control[n] - (ck[n] if ck else 0.0) for n in ts.control}
-                res = local_train(model, x, y, fed.num_classes, local, seed=s, device=dev,
-                                  control=ctrl)
-                if scaffold:
-                    delta_c.append(_scaffold_client(ts, k, model, res.model, local, len(x)))
-            state = {n: v.detach().cpu().clone() for n, v in res.model.state_dict().items()}
-            if cfg.dp_sigma > 0 or cfg.dp_clip > 0:
-                gen = torch.Generator().manual_seed(sub_seed(seed, rnd, k, "dp"))
-                state = privatize(ts.global_state, state, cfg.dp_sigma, cfg.dp_clip, gen)
-            updates.append(ClientUpdate(k, state, res.n_samples, res.label_counts,
-                                        res.train_loss))
-        if scaffold and delta_c:
-            for n in ts.control:  # c ← c + (1/N) Σ_{k∈S} Δc_k
-                ts.control[n] = ts.control[n] + sum(d[n] for d in delta_c) / cfg.clients
+        updates = _train_clients(cfg, fed, ts, strategy, model, chosen, rnd, seed, dev)
         evaluate = (rnd + 1) % cfg.eval_every == 0 or rnd == cfg.rounds - 1
         agg = strategy.aggregate(rnd, ts.global_state, updates, evaluate)
         ts.global_state = {k: v.detach().cpu().clone() for k, v in agg.state.items()}
@@ -540,12 +560,7 @@ def _run_track(cfg: RunConfig, fed: Federation, seed: int, method: str, ckdir: P
         ts.elapsed += seconds
         losses = [u.train_loss for u in updates if np.isfinite(u.train_loss)]
         if evaluate:
-            scores: dict[str, float | None] = dict.fromkeys(SCORES)
-            for col, st in agg.states.items():
-                scores[col] = accuracy(ctx.build(st), fed.target_x, target_y, device=dev)
-            y_np = target_y.numpy()
-            for col, probs in agg.probs.items():
-                scores[col] = float((np.asarray(probs).argmax(1) == y_np).mean())
+            scores = _score(ctx, agg, fed, dev)
             rec = {"seed": seed, "method": method, "round": rnd + 1,
                    "accuracy": scores[agg.primary], **scores,
                    "local_loss": float(np.mean(losses)) if losses else None,
