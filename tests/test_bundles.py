@@ -59,6 +59,7 @@ class _Payload:
         return (open, (self.marker, "w"))
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
 def test_pickle_with_code_is_refused_without_running(tmp_path):
     marker = tmp_path / "pwned"
     with open(tmp_path / "evil.pt", "wb") as f:
