@@ -178,3 +178,28 @@ def test_distillation_nan_raises_fusion_error(demo):
     targets = np.full((len(demo["y"]), 10), np.nan, dtype=np.float32)
     with pytest.raises(FusionError):
         distill(student, ArraySource(demo["x"]), targets, steps=3)
+
+
+@pytest.mark.parametrize("method", ["feddf", "st", "st+rd"])
+@pytest.mark.parametrize("variant", ["paper", "reference"])
+def test_blockwise_targets_equal_whole_array_equations(monkeypatch, method, variant):
+    """Targets computed block by block (bounded memory) equal Eq. 3 / 6-7 / 10 on the whole
+    target set at once, including the global std of Eq. 6 across blocks."""
+    import numpy as np
+
+    from mrtf.refinery import avg_logit, avg_prob, rectified_targets, stabilized_probs
+    from mrtf.refinery import pipeline as pl
+
+    rng = np.random.default_rng(0)
+    logits = (rng.normal(size=(5, 1100, 4)) * rng.uniform(1, 9, size=(5, 1, 1))).astype(
+        np.float32)  # 3 local models + θ_t + θ_{t+1}
+    monkeypatch.setattr(pl, "TARGET_CHUNK", 512 if variant == "reference" else 300)
+    plan = pl._Plan(locals_=[None] * 3, start=None, agg=None, student=None,
+                    heterogeneous=False, notes=[])
+    cfg = pl.RefineConfig(method=method, variant=variant)
+    got = pl._ensemble_targets(plan, logits, cfg, u=0.4)
+    std = "global" if variant == "paper" else "batch"
+    q = stabilized_probs(logits, 4.0, std, pl.REF_STD_BATCH)
+    want = {"feddf": lambda: avg_logit(logits[:3]), "st": lambda: avg_prob(q[:3]),
+            "st+rd": lambda: rectified_targets(q[:3], q[3], q[4], 0.4, variant)}[method]()
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)

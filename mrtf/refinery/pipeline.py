@@ -198,21 +198,50 @@ def _plan(received, source, config: RefineConfig, student: nn.Module | None,
     return _Plan(locals_, start, agg, student, hetero, notes)
 
 
+TARGET_CHUNK = 16 * REF_STD_BATCH  # samples per block; a multiple of the reference std block
+
+
+def _stabilized_blocks(logits: np.ndarray, config: RefineConfig):
+    """Yield ``(start, q (K, m, C))`` of Eq. 6 block by block: the std is over all samples
+    and classes (one global pass per teacher), the softmax per block, so memory stays at the
+    (K, M, C) logits plus one block instead of several (K, M, C) float64 temporaries."""
+    k_all, m = logits.shape[:2]
+    if config.variant == "paper":
+        stds = [logits[k].astype(np.float64).std() for k in range(k_all)]
+        for s in range(0, m, TARGET_CHUNK):
+            block = logits[:, s:s + TARGET_CHUNK]
+            yield s, np.stack([_softmax_np(config.tau * block[k] / (stds[k] + 1e-8))
+                               for k in range(k_all)])
+        return
+    for s in range(0, m, TARGET_CHUNK):  # per-batch std (reference code), no τ
+        yield s, stabilized_probs(logits[:, s:s + TARGET_CHUNK], config.tau, "batch",
+                                  REF_STD_BATCH)
+
+
+def _ensemble_targets(plan: _Plan, logits: np.ndarray, config: RefineConfig, u: float
+                      ) -> np.ndarray:
+    """FedDF (Eq. 3), ST (Eq. 6-7) or ST+RD (Eq. 10) targets (M, C), block by block."""
+    k = len(plan.locals_)
+    out = np.empty(logits.shape[1:], dtype=np.float32)
+    if config.method == "feddf":
+        for s in range(0, logits.shape[1], TARGET_CHUNK):
+            out[s:s + TARGET_CHUNK] = avg_logit(logits[:k, s:s + TARGET_CHUNK])
+        return out
+    for s, probs in _stabilized_blocks(logits, config):
+        local = probs[:k]
+        if config.method == "st":
+            out[s:s + len(local[0])] = avg_prob(local)
+        else:  # [θ_t, θ_{t+1}] or [θ_{t+1}] or [student] follow the local models
+            out[s:s + len(local[0])] = rectified_targets(local, probs[k], probs[-1], u,
+                                                         config.variant)
+    return out
+
+
 def _targets(plan: _Plan, logits: np.ndarray, feats: np.ndarray | None, config: RefineConfig,
              u: float, skip_clr: bool) -> tuple[np.ndarray, float]:
     """Distillation targets (M, C) for the method; returns (targets, seconds spent on CLR)."""
-    k = len(plan.locals_)
-    local = logits[:k]
-    if config.method == "feddf":
-        return avg_logit(local), 0.0
-    std = "global" if config.variant == "paper" else "batch"
-    probs = stabilized_probs(local, config.tau, std, REF_STD_BATCH)
-    if config.method == "st":
-        return avg_prob(probs), 0.0
-    rest = stabilized_probs(logits[k:], config.tau, std, REF_STD_BATCH)
-    start, agg = rest[0], rest[-1]  # [θ_t, θ_{t+1}] or [θ_{t+1}] or [student]
-    targets = rectified_targets(probs, start, agg, u, config.variant)
-    if config.method == "st+rd" or skip_clr or config.clr_iterations == 0:
+    targets = _ensemble_targets(plan, logits, config, u)
+    if config.method in ("feddf", "st", "st+rd") or skip_clr or config.clr_iterations == 0:
         return targets, 0.0
     t0 = time.perf_counter()
     assert feats is not None
