@@ -45,7 +45,7 @@ def worker(args) -> dict:
 
     from mrtf.io.hdf5 import H5Dataset
     from mrtf.models import build_model
-    from mrtf.refinery import distill, prototype_targets, rectified_targets, stabilized_probs
+    from mrtf.refinery import RefineConfig, distill, ensemble_targets, prototype_targets
     from mrtf.refinery import teacher_logits as fast_logits
 
     torch.set_num_threads(args.threads)
@@ -70,8 +70,8 @@ def worker(args) -> dict:
     tracemalloc.reset_peak()
     if feats is not None:
         t0 = time.perf_counter()
-        probs = stabilized_probs(logits)
-        targets = rectified_targets(probs[:-2], probs[-2], probs[-1], 0.6)
+        # what refine() does: Eq. 6 + 10 block by block, then Eq. 11-12
+        targets = ensemble_targets(logits, args.k - 2, RefineConfig(method="st+rd"), 0.6)
         targets = prototype_targets(targets, feats)
         res["clr_s"] = time.perf_counter() - t0  # Eq. 6 + 10 + 11-12
         res["clr_numpy_peak_mb"] = tracemalloc.get_traced_memory()[1] / 2**20

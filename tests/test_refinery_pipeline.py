@@ -194,12 +194,33 @@ def test_blockwise_targets_equal_whole_array_equations(monkeypatch, method, vari
     logits = (rng.normal(size=(5, 1100, 4)) * rng.uniform(1, 9, size=(5, 1, 1))).astype(
         np.float32)  # 3 local models + θ_t + θ_{t+1}
     monkeypatch.setattr(pl, "TARGET_CHUNK", 512 if variant == "reference" else 300)
-    plan = pl._Plan(locals_=[None] * 3, start=None, agg=None, student=None,
-                    heterogeneous=False, notes=[])
     cfg = pl.RefineConfig(method=method, variant=variant)
-    got = pl._ensemble_targets(plan, logits, cfg, u=0.4)
+    got = pl.ensemble_targets(logits, 3, cfg, u=0.4)
     std = "global" if variant == "paper" else "batch"
     q = stabilized_probs(logits, 4.0, std, pl.REF_STD_BATCH)
     want = {"feddf": lambda: avg_logit(logits[:3]), "st": lambda: avg_prob(q[:3]),
             "st+rd": lambda: rectified_targets(q[:3], q[3], q[4], 0.4, variant)}[method]()
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_distill_from_hdf5_equals_in_memory(tmp_path):
+    """Distillation reads the rows its steps use in one streaming pass; the result is the
+    same as distilling from the array in memory."""
+    from mrtf.refinery import distill
+    from mrtf.refinery.distill import gather_rows
+
+    rng = np.random.default_rng(0)
+    x = rng.random((300, 1, 8, 8), dtype=np.float32)
+    targets = rng.dirichlet(np.ones(10), size=300).astype(np.float32)
+    write_dataset(tmp_path / "t.h5", x)
+    rows = np.array([0, 5, 299])
+    with H5Dataset(tmp_path / "t.h5") as ds:
+        np.testing.assert_array_equal(gather_rows(ds, rows, chunk=64), x[rows])
+        torch.manual_seed(0)
+        a = distill(build_model("lenet", 10, in_channels=1, image_size=8), ds, targets,
+                    steps=15, batch_size=32, seed=3)
+    torch.manual_seed(0)
+    b = distill(build_model("lenet", 10, in_channels=1, image_size=8), ArraySource(x),
+                targets, steps=15, batch_size=32, seed=3)
+    for key, value in a.state_dict().items():
+        assert torch.equal(value, b.state_dict()[key])

@@ -10,6 +10,7 @@ from mrtf.refinery.pipeline import (
     RefineResult,
     accuracy_of,
     check_fits,
+    ensemble_targets,
     newest_locals,
     predict_probs,
     refine,
@@ -27,7 +28,7 @@ from mrtf.refinery.teachers import (
 __all__ = [
     "METHODS", "VARIANTS", "DistillSettings", "RefineConfig", "RefineResult", "TeacherOutputs",
     "accuracy_of", "avg_logit", "avg_prob", "check_fits", "distill", "entropy",
-    "entropy_weights", "newest_locals",
+    "ensemble_targets", "entropy_weights", "newest_locals",
     "group_by_arch", "predict_probs", "prototype_targets", "prototype_targets_dense",
     "prototypes", "rectified_targets", "refine", "soft_cross_entropy", "stabilized_probs",
     "teacher_logits", "u_t",

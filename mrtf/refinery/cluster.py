@@ -89,19 +89,21 @@ def prototype_targets(targets: np.ndarray, features: np.ndarray, tau: float = 4.
     """
     a, b = _scale(tau, variant)
     f = _feature_basis(features, variant, np.float32)  # float32: one (M, D) copy at most
-    fn = f if variant == "reference" else _normalise(f).astype(np.float32, copy=False)
     m, c = targets.shape
     q = targets
     for _ in range(iterations):
         protos, mass = prototypes(q, f)
         keep = np.flatnonzero(mass > _MASS_EPS)
-        index = _faiss_index(fn.shape[1], use_gpu)
+        index = _faiss_index(f.shape[1], use_gpu)
         index.add(np.ascontiguousarray(_normalise(protos[keep]).astype(np.float32)))
         out = np.empty((m, c), dtype=np.float32)
         ok = np.zeros(c, dtype=bool)
         ok[keep] = True
         for s in range(0, m, chunk):
-            sims, idx = index.search(fn[s:s + chunk], len(keep))
+            # normalised a chunk at a time: no second (M, D) array
+            fn = f[s:s + chunk] if variant == "reference" else \
+                _normalise(f[s:s + chunk]).astype(np.float32, copy=False)
+            sims, idx = index.search(np.ascontiguousarray(fn), len(keep))
             cos = np.zeros((len(sims), c), dtype=np.float64)
             np.put_along_axis(cos, keep[idx], sims.astype(np.float64), axis=1)
             out[s:s + chunk] = _softmax_masked(a * cos + b, ok)

@@ -58,6 +58,20 @@ def _batches(m: int, steps: int, batch_size: int, gen: torch.Generator):
         cursor += batch
 
 
+def gather_rows(source, rows: np.ndarray, chunk: int = 8192) -> np.ndarray:
+    """``source`` rows at sorted unique ``rows``, read in one sequential streaming pass.
+
+    Random minibatches straight from HDF5 cost one scattered read each (measured: 0.27 s a
+    step at M = 10,000); one pass that keeps only the rows the steps will use costs a read
+    of the file, and memory for at most steps × batch rows.
+    """
+    out = np.empty((len(rows), *source.sample_shape), dtype=np.float32)
+    for start, x in source.chunks(chunk):
+        lo, hi = np.searchsorted(rows, [start, start + len(x)])
+        out[lo:hi] = x[rows[lo:hi] - start]
+    return out
+
+
 def distill(student: nn.Module, source, targets: np.ndarray, steps: int = 500,
             batch_size: int = 64, lr: float | None = None, seed: int = 0,
             device: torch.device | str | None = None, variant: str = "paper",
@@ -65,7 +79,8 @@ def distill(student: nn.Module, source, targets: np.ndarray, steps: int = 500,
     """Eq. 1-2: ``steps`` optimiser steps on random minibatches of the target set.
 
     student : module refined in place (moved to ``device``); returned in eval mode.
-    source : H5Dataset / ArraySource (M rows, read with ``take``); targets (M, C) float32.
+    source : H5Dataset / ArraySource (M rows); the rows the steps use are read in one
+        streaming pass (:func:`gather_rows`). targets (M, C) float32.
     lr : None → the variant's default (paper 3e-4, reference 1e-3).
     Deterministic given ``seed``. Raises FusionError when the loss is NaN or infinite.
     """
@@ -78,11 +93,14 @@ def distill(student: nn.Module, source, targets: np.ndarray, steps: int = 500,
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)  # dropout masks
     tgt = torch.from_numpy(np.ascontiguousarray(targets, dtype=np.float32))
+    batches = list(_batches(len(source), steps, batch_size, gen))
+    rows = np.unique(np.concatenate(batches)) if batches else np.empty(0, np.int64)
+    data = gather_rows(source, rows)
     bar = _bar(steps, progress)
-    for step, idx in enumerate(_batches(len(source), steps, batch_size, gen)):
+    for step, idx in enumerate(batches):
         if len(idx) < 2 and has_batchnorm(student):
             continue  # BatchNorm cannot train on a single sample
-        x = torch.from_numpy(source.take(idx)).to(dev)
+        x = torch.from_numpy(data[np.searchsorted(rows, idx)]).to(dev)
         loss = soft_cross_entropy(student(x), tgt[idx].to(dev))
         value = float(loss.detach())
         if not math.isfinite(value):

@@ -218,10 +218,14 @@ def _stabilized_blocks(logits: np.ndarray, config: RefineConfig):
                                   REF_STD_BATCH)
 
 
-def _ensemble_targets(plan: _Plan, logits: np.ndarray, config: RefineConfig, u: float
-                      ) -> np.ndarray:
-    """FedDF (Eq. 3), ST (Eq. 6-7) or ST+RD (Eq. 10) targets (M, C), block by block."""
-    k = len(plan.locals_)
+def ensemble_targets(logits: np.ndarray, num_local: int, config: RefineConfig, u: float
+                     ) -> np.ndarray:
+    """FedDF (Eq. 3), ST (Eq. 6-7) or ST+RD (Eq. 10) targets (M, C) float32, block by block.
+
+    logits (K, M, C): the ``num_local`` local models first, then θ_t and θ_{t+1} (or only
+    θ_{t+1}, or the student) for self-teaching. ``config.method`` picks the equation.
+    """
+    k = num_local
     out = np.empty(logits.shape[1:], dtype=np.float32)
     if config.method == "feddf":
         for s in range(0, logits.shape[1], TARGET_CHUNK):
@@ -240,7 +244,7 @@ def _ensemble_targets(plan: _Plan, logits: np.ndarray, config: RefineConfig, u: 
 def _targets(plan: _Plan, logits: np.ndarray, feats: np.ndarray | None, config: RefineConfig,
              u: float, skip_clr: bool) -> tuple[np.ndarray, float]:
     """Distillation targets (M, C) for the method; returns (targets, seconds spent on CLR)."""
-    targets = _ensemble_targets(plan, logits, config, u)
+    targets = ensemble_targets(logits, len(plan.locals_), config, u)
     if config.method in ("feddf", "st", "st+rd") or skip_clr or config.clr_iterations == 0:
         return targets, 0.0
     t0 = time.perf_counter()
