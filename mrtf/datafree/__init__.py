@@ -11,6 +11,7 @@ from mrtf.datafree.fedftg import (
     discrepancy_loss,
     diversity_loss,
     ensemble_logits,
+    fedftg_round,
     label_distribution,
     run_fedftg,
     stratified_labels,
@@ -38,7 +39,8 @@ __all__ = [
     "ConditionalGenerator", "FusionConfig", "FusionResult", "UnconditionalGenerator",
     "aca_average", "activation_loss", "choose_method", "class_ensemble_weights", "cls_loss",
     "default_noise_dim", "discrepancy_loss", "diversity_loss", "dump_samples",
-    "ensemble_logits", "fuse", "information_entropy_loss", "kd_loss", "label_distribution",
+    "ensemble_logits", "fedftg_round", "fuse", "information_entropy_loss", "kd_loss",
+    "label_distribution",
     "latest_per_party", "oca_average", "one_hot_loss", "run_fedftg", "run_fedkf",
     "sample_noise", "stratified_labels",
 ]

@@ -183,6 +183,31 @@ def student_steps(st: FedFTGState, teachers: Sequence[nn.Module], z: torch.Tenso
     return loss.item()
 
 
+def fedftg_round(st: FedFTGState, teachers: Sequence[nn.Module], p_y: torch.Tensor,
+                 alpha: torch.Tensor, cfg: FusionConfig, rnd: int, rng: torch.Generator,
+                 device: torch.device, on_step: Callable[[dict], None] | None = None) -> None:
+    """One server update of Alg. 2 (lines 3-10): I iterations of I_g generator steps and I_d
+    student steps on the same z and y; both optimisers are made anew with lr × 0.998^rnd.
+    Appends one record per iteration to ``st.history``; a non-finite loss raises FusionError.
+    """
+    decay = cfg.lr_decay ** rnd
+    g_opt = torch.optim.Adam(st.generator.parameters(), lr=cfg.gen_lr * decay)
+    s_opt = torch.optim.SGD(st.student.parameters(), lr=cfg.student_lr * decay,
+                            momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    for it in range(cfg.iterations):
+        z = sample_noise(cfg.batch_size, st.generator.noise_dim, rng, device)
+        y = stratified_labels(p_y, cfg.batch_size, rng).to(device)
+        rec: dict[str, float] = {"round": rnd, "iteration": it}
+        for _ in range(cfg.gen_steps):
+            rec.update(generator_step(st, teachers, z, y, alpha, cfg, g_opt))
+        rec["md_student"] = student_steps(st, teachers, z, y, alpha, cfg, s_opt)
+        check_finite({k: v for k, v in rec.items() if k not in ("round", "iteration")},
+                     f"FedFTG round {rnd} iteration {it}")
+        st.history.append(rec)
+        if on_step:
+            on_step(rec)
+
+
 def run_fedftg(teachers: Sequence[nn.Module], counts: Sequence[Sequence[int]],
                student: nn.Module, image_shape: tuple[int, int, int], cfg: FusionConfig,
                device: torch.device, on_step: Callable[[dict[str, float]], None] | None = None
@@ -202,22 +227,7 @@ def run_fedftg(teachers: Sequence[nn.Module], counts: Sequence[Sequence[int]],
     p_y = label_distribution(counts)
     alpha = class_ensemble_weights(counts).to(device)
     for rnd in range(cfg.rounds):
-        decay = cfg.lr_decay ** rnd
-        g_opt = torch.optim.Adam(st.generator.parameters(), lr=cfg.gen_lr * decay)
-        s_opt = torch.optim.SGD(st.student.parameters(), lr=cfg.student_lr * decay,
-                                momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-        for it in range(cfg.iterations):
-            z = sample_noise(cfg.batch_size, st.generator.noise_dim, rng, device)
-            y = stratified_labels(p_y, cfg.batch_size, rng).to(device)
-            rec: dict[str, float] = {"round": rnd, "iteration": it}
-            for _ in range(cfg.gen_steps):
-                rec.update(generator_step(st, teachers, z, y, alpha, cfg, g_opt))
-            rec["md_student"] = student_steps(st, teachers, z, y, alpha, cfg, s_opt)
-            check_finite({k: v for k, v in rec.items() if k not in ("round", "iteration")},
-                         f"FedFTG round {rnd} iteration {it}")
-            st.history.append(rec)
-            if on_step:
-                on_step(rec)
+        fedftg_round(st, teachers, p_y, alpha, cfg, rnd, rng, device, on_step)
     st.student.eval()
     st.generator.eval()
     return st

@@ -40,14 +40,8 @@ from mrtf.datafree.config import FusionConfig
 from mrtf.datafree.fedftg import (
     FedFTGState,
     class_ensemble_weights,
+    fedftg_round,
     label_distribution,
-    stratified_labels,
-)
-from mrtf.datafree.fedftg import (
-    generator_step as ftg_generator_step,
-)
-from mrtf.datafree.fedftg import (
-    student_steps as ftg_student_steps,
 )
 from mrtf.datafree.fedkf import FedKFState, kd_loss
 from mrtf.datafree.fedkf import generator_step as kf_generator_step
@@ -240,16 +234,7 @@ class FedFTGStrategy(Strategy):
         st = FedFTGState(student=student.eval(), generator=self.generator.to(dev))
         p_y = label_distribution(counts)
         alpha = class_ensemble_weights(counts).to(dev)
-        decay = cfg.lr_decay ** rnd
-        g_opt = torch.optim.Adam(st.generator.parameters(), lr=cfg.gen_lr * decay)
-        s_opt = torch.optim.SGD(st.student.parameters(), lr=cfg.student_lr * decay,
-                                momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-        for _ in range(cfg.iterations):
-            z = sample_noise(cfg.batch_size, st.generator.noise_dim, rng, dev)
-            y = stratified_labels(p_y, cfg.batch_size, rng).to(dev)
-            for _ in range(cfg.gen_steps):
-                ftg_generator_step(st, teachers, z, y, alpha, cfg, g_opt)
-            ftg_student_steps(st, teachers, z, y, alpha, cfg, s_opt)
+        fedftg_round(st, teachers, p_y, alpha, cfg, rnd, rng, dev)
         self.generator = st.generator.cpu()
         fused = _cpu_state(st.student)
         return Aggregated(fused, "refined", states={"averaged": avg, "refined": fused})

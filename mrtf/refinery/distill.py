@@ -18,6 +18,7 @@ from torch import nn
 
 from mrtf.device import pick_device
 from mrtf.errors import FusionError
+from mrtf.federated.local import has_batchnorm
 
 VARIANTS = ("paper", "reference")
 
@@ -127,6 +128,3 @@ def _bar(steps: int, progress: bool):
 
     return tqdm(total=steps, desc="distill", unit="step", leave=False)
 
-
-def has_batchnorm(model: nn.Module) -> bool:
-    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
