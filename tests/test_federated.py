@@ -44,12 +44,12 @@ def test_fedprox_term_keeps_model_closer():
     x, y = torch.from_numpy(d.x[:300]), torch.from_numpy(d.y[:300])
     torch.manual_seed(0)
     model = build_model("mlp", 10, in_channels=1, image_size=8)
-    start = torch.nn.utils.parameters_to_vector(model.parameters())
+    vector = torch.nn.utils.parameters_to_vector
+    start = vector(model.parameters()).detach()
 
     def drift(mu):
         res = local_train(model, x, y, 10, LocalConfig(steps=30, mu=mu), seed=0)
-        return float((torch.nn.utils.parameters_to_vector(res.model.parameters()).detach() - start)
-                     .norm())
+        return float((vector(res.model.parameters()).detach() - start).norm())
 
     assert drift(1.0) < drift(0.0)
 
