@@ -5,11 +5,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from mrtf.errors import FusionError, InputError
+
+
+@dataclass
+class FusionState:
+    """What a data-free run (FedFTG or FedKF) trains and records: the student, the generator
+    (conditional for FedFTG, unconditional for FedKF), per-step losses, the last batch."""
+
+    student: nn.Module
+    generator: nn.Module
+    history: list[dict[str, float]] = field(default_factory=list)
+    last_batch: torch.Tensor | None = None
 
 
 def image_shape_of(meta) -> tuple[int, int, int]:

@@ -19,14 +19,13 @@ L_md defaults to KL(class-level ensemble ‖ student), Σ_k α_k^y σ(D(x̃; ω_
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mrtf.datafree.common import check_finite, freeze, stack_logits
+from mrtf.datafree.common import FusionState, check_finite, freeze, stack_logits
 from mrtf.datafree.config import FusionConfig
 from mrtf.datafree.generators import ConditionalGenerator, sample_noise
 from mrtf.errors import InputError
@@ -137,17 +136,8 @@ def diversity_loss(z: torch.Tensor, x: torch.Tensor, form: str = "mean") -> torc
     return torch.exp(-(dx * dz).mean())
 
 
-@dataclass
-class FedFTGState:
-    """What a FedFTG run trains and records."""
 
-    student: nn.Module
-    generator: ConditionalGenerator
-    history: list[dict[str, float]] = field(default_factory=list)
-    last_batch: torch.Tensor | None = None
-
-
-def generator_step(st: FedFTGState, teachers: Sequence[nn.Module], z: torch.Tensor,
+def generator_step(st: FusionState, teachers: Sequence[nn.Module], z: torch.Tensor,
                     y: torch.Tensor, alpha: torch.Tensor, cfg: FusionConfig,
                     opt: torch.optim.Optimizer) -> dict[str, float]:
     """One step on min λ_cls·L_cls + λ_dis·L_dis − L_md (Eq. 8, generator side)."""
@@ -165,7 +155,7 @@ def generator_step(st: FedFTGState, teachers: Sequence[nn.Module], z: torch.Tens
             "md_gen": l_md.item()}
 
 
-def student_steps(st: FedFTGState, teachers: Sequence[nn.Module], z: torch.Tensor,
+def student_steps(st: FusionState, teachers: Sequence[nn.Module], z: torch.Tensor,
                    y: torch.Tensor, alpha: torch.Tensor, cfg: FusionConfig,
                    opt: torch.optim.Optimizer) -> float:
     """I_d steps on min L_md (Eq. 3, 8) over one mined batch; teachers' outputs computed once."""
@@ -183,7 +173,7 @@ def student_steps(st: FedFTGState, teachers: Sequence[nn.Module], z: torch.Tenso
     return loss.item()
 
 
-def fedftg_round(st: FedFTGState, teachers: Sequence[nn.Module], p_y: torch.Tensor,
+def fedftg_round(st: FusionState, teachers: Sequence[nn.Module], p_y: torch.Tensor,
                  alpha: torch.Tensor, cfg: FusionConfig, rnd: int, rng: torch.Generator,
                  device: torch.device, on_step: Callable[[dict], None] | None = None) -> None:
     """One server update of Alg. 2 (lines 3-10): I iterations of I_g generator steps and I_d
@@ -211,7 +201,7 @@ def fedftg_round(st: FedFTGState, teachers: Sequence[nn.Module], p_y: torch.Tens
 def run_fedftg(teachers: Sequence[nn.Module], counts: Sequence[Sequence[int]],
                student: nn.Module, image_shape: tuple[int, int, int], cfg: FusionConfig,
                device: torch.device, on_step: Callable[[dict[str, float]], None] | None = None
-               ) -> FedFTGState:
+               ) -> FusionState:
     """Alg. 2 (ServerUpdate) for ``cfg.rounds`` rounds, from the given student.
 
     Teachers are frozen (eval, no parameter gradients). The student stays in eval mode, so
@@ -223,7 +213,7 @@ def run_fedftg(teachers: Sequence[nn.Module], counts: Sequence[Sequence[int]],
     torch.manual_seed(cfg.seed)
     num_classes = len(counts[0])
     gen = ConditionalGenerator(num_classes, image_shape, cfg.noise_dim, cfg.activation)
-    st = FedFTGState(student=student.to(device).eval(), generator=gen.to(device))
+    st = FusionState(student=student.to(device).eval(), generator=gen.to(device))
     p_y = label_distribution(counts)
     alpha = class_ensemble_weights(counts).to(device)
     for rnd in range(cfg.rounds):

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mrtf.datafree.common import check_finite, freeze
+from mrtf.datafree.common import FusionState, check_finite, freeze
 from mrtf.datafree.config import FusionConfig
 from mrtf.datafree.generators import UnconditionalGenerator, default_noise_dim, sample_noise
 from mrtf.errors import InputError
@@ -90,17 +89,8 @@ def _features_logits(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, t
     raise InputError("FedKF's activation loss needs a model with forward_features(x)")
 
 
-@dataclass
-class FedKFState:
-    """What a FedKF run trains and records."""
 
-    student: nn.Module
-    generator: UnconditionalGenerator
-    history: list[dict[str, float]] = field(default_factory=list)
-    last_batch: torch.Tensor | None = None
-
-
-def generator_step(st: FedKFState, teacher: nn.Module, z: torch.Tensor, cfg: FusionConfig,
+def generator_step(st: FusionState, teacher: nn.Module, z: torch.Tensor, cfg: FusionConfig,
                     opt: torch.optim.Optimizer) -> dict[str, float]:
     """One step on L_G = L_IE + λ1·L_OH + λ2·L_A (Eq. 5)."""
     st.generator.train()
@@ -114,7 +104,7 @@ def generator_step(st: FedKFState, teacher: nn.Module, z: torch.Tensor, cfg: Fus
     return {"gen_loss": loss.item(), "ie": l_ie.item(), "oh": l_oh.item(), "act": l_a.item()}
 
 
-def student_step(st: FedKFState, teacher: nn.Module, z: torch.Tensor, cfg: FusionConfig,
+def student_step(st: FusionState, teacher: nn.Module, z: torch.Tensor, cfg: FusionConfig,
                   opt: torch.optim.Optimizer) -> float:
     """One step on γ·L_KL (Eq. 6, 8) over freshly generated samples."""
     with torch.no_grad():
@@ -130,7 +120,7 @@ def student_step(st: FedKFState, teacher: nn.Module, z: torch.Tensor, cfg: Fusio
 
 def run_fedkf(teacher: nn.Module, student: nn.Module, image_shape: tuple[int, int, int],
               num_classes: int, cfg: FusionConfig, device: torch.device,
-              on_step: Callable[[dict[str, float]], None] | None = None) -> FedKFState:
+              on_step: Callable[[dict[str, float]], None] | None = None) -> FusionState:
     """``cfg.steps`` alternating generator / student steps (Alg. 1, lines 18-19).
 
     The teacher is frozen; the student stays in eval mode (no BatchNorm drift toward synthetic
@@ -141,7 +131,7 @@ def run_fedkf(teacher: nn.Module, student: nn.Module, image_shape: tuple[int, in
     torch.manual_seed(cfg.seed)
     gen = UnconditionalGenerator(image_shape, cfg.noise_dim or default_noise_dim(num_classes),
                                  cfg.activation, num_classes).to(device)
-    st = FedKFState(student=student.to(device).eval(), generator=gen)
+    st = FusionState(student=student.to(device).eval(), generator=gen)
     g_opt = torch.optim.Adam(gen.parameters(), lr=cfg.gen_lr)
     s_opt = torch.optim.SGD(st.student.parameters(), lr=cfg.student_lr,
                             momentum=cfg.momentum, weight_decay=cfg.weight_decay)

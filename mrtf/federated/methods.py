@@ -35,16 +35,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mrtf.datafree.common import freeze
+from mrtf.datafree.common import FusionState, freeze
 from mrtf.datafree.config import FusionConfig
 from mrtf.datafree.fedftg import (
-    FedFTGState,
     class_ensemble_weights,
     fedftg_round,
     label_distribution,
 )
-from mrtf.datafree.fedkf import FedKFState, kd_loss
 from mrtf.datafree.fedkf import generator_step as kf_generator_step
+from mrtf.datafree.fedkf import kd_loss
 from mrtf.datafree.generators import ConditionalGenerator, UnconditionalGenerator, sample_noise
 from mrtf.federated.aggregate import average_states
 from mrtf.federated.local import LocalConfig, LocalResult, has_batchnorm
@@ -231,7 +230,7 @@ class FedFTGStrategy(Strategy):
         seed = sub_seed(self.ctx.seed, rnd, "fedftg")
         rng = torch.Generator().manual_seed(seed)
         torch.manual_seed(seed)
-        st = FedFTGState(student=student.eval(), generator=self.generator.to(dev))
+        st = FusionState(student=student.eval(), generator=self.generator.to(dev))
         p_y = label_distribution(counts)
         alpha = class_ensemble_weights(counts).to(dev)
         fedftg_round(st, teachers, p_y, alpha, cfg, rnd, rng, dev)
@@ -356,7 +355,7 @@ def fedkf_local_train(model: nn.Module, teacher: nn.Module, generator: nn.Module
     steps = local.steps or local.epochs * max(1, int(np.ceil(n / batch)))
     order, cursor = torch.randperm(n, generator=rng), 0
     losses: list[float] = []
-    st = FedKFState(student=net, generator=gen)
+    st = FusionState(student=net, generator=gen)
     for _ in range(steps):
         if cursor + batch > n:
             order, cursor = torch.randperm(n, generator=rng), 0
