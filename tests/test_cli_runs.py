@@ -90,3 +90,40 @@ def test_other_run_in_out_dir_is_refused(cfg_run):
     root, _ = cfg_run
     res = CliRunner().invoke(cli, ["simulate", "--config", str(root / "run.toml"), "--resume"])
     assert res.exit_code == 2 and "different run" in res.output
+
+
+def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
+    """A real `mrtf simulate` process killed with SIGKILL right after its first checkpoint,
+    started again with the same command plus --resume, ends with the uninterrupted metrics."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    args = ["simulate", "--dataset", "digits", "--clients", "6", "--split", "label:2",
+            "--ratio", "0.5", "--rounds", "4", "--eval-every", "2", "--local-steps", "3",
+            "--target-size", "200", "--methods", "fedavg,mrtf,fedkf", "--seeds", "0",
+            "--refine-steps", "5", "--clr-min-round", "1", "--fusion-batch", "16", "-q"]
+    full = run(*args, "--out", tmp_path / "full")
+    assert full.exit_code == 0, full.output
+    out = tmp_path / "killed"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", "from mrtf.cli.main import cli; cli()",
+                             *args, "--out", str(out)], env=env)
+    deadline = time.monotonic() + 120
+    while not list((out / "ckpt").glob("*.json")) and proc.poll() is None:
+        assert time.monotonic() < deadline, "no checkpoint within 120 s"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, "the run ended before it could be killed"
+    assert not (out / "summary.md").exists()
+    resumed = run(*args, "--out", out, "--resume")
+    assert resumed.exit_code == 0, resumed.output
+
+    def lines(d):
+        recs = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in r.items() if k not in ("seconds", "elapsed")} for r in recs]
+
+    assert lines(out) == lines(tmp_path / "full")
+    assert [r["round"] for r in lines(out)] == [2, 4] * 3

