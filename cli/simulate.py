@@ -69,6 +69,9 @@ from mrtf.models import available_archs
 @click.option("--dp-clip", type=float, default=None,
               help="Clip each client's update to this L2 norm before the noise (0 = none).")
 @click.option("--eval-every", type=int, default=None, help="Evaluate every N rounds.")
+@click.option("--local-test", type=float, default=None,
+              help="Hold out this fraction of each client's data as its local test part and "
+                   "record FedKF's AMP / FM / WLP (FedKF and the reference codes: 0.2).")
 @click.option("--refine-steps", type=int, default=None,
               help="Distillation steps of the refinery methods (default 500).")
 @click.option("--refine-lr", type=float, default=None, help="Distillation lr.")
@@ -136,8 +139,8 @@ def simulate(out: Out, **opts) -> None:
     })
 
 
-RUN_ONLY = ("target", "local_algorithm", "dp_sigma", "dp_clip", "eval_every", "refine_steps",
-            "refine_lr", "variant", "clr_min_round", "keep_training_on_average",
+RUN_ONLY = ("target", "local_algorithm", "dp_sigma", "dp_clip", "eval_every", "local_test",
+            "refine_steps", "refine_lr", "variant", "clr_min_round", "keep_training_on_average",
             "fusion_iterations", "fusion_student_steps", "fusion_batch", "fedkf_kd_from_round",
             "fedkf_oca")
 #: CLI option name → RunConfig key, for options shared with the single FedAvg simulation
@@ -183,6 +186,9 @@ def evaluation_run(out: Out, opts: dict, run_opts: dict) -> None:
             f"K={cfg.clients} split={cfg.split} R={cfg.ratio} T={cfg.rounds} arch={cfg.arch} "
             f"local={cfg.local_algorithm} methods={','.join(cfg.methods)} "
             f"seeds={','.join(map(str, cfg.seeds))} → {cfg.out}")
+    if cfg.local_algorithm == "scaffold" and (cfg.dp_sigma > 0 or cfg.dp_clip > 0):
+        out.warn("DP noise and clipping apply to the uploaded models only; SCAFFOLD's "
+                 "control-variate updates are sent as they are")
 
     def show(rec: dict) -> None:
         if not out.progress:

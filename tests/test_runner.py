@@ -90,6 +90,14 @@ def test_resume_refuses_a_different_run(tmp_path):
     with pytest.raises(InputError, match="different run"):
         run(tiny(rounds=2), tmp_path / "r", resume=True)
     assert run(tiny(rounds=2), tmp_path / "r", force=True).records[-1]["round"] == 2
+    # a run written before a config key existed resumes when the key has its default value
+    cfg_path = tmp_path / "r" / "config.json"
+    old = json.loads(cfg_path.read_text())
+    del old["local_test"]
+    cfg_path.write_text(json.dumps(old))
+    assert run(tiny(rounds=2), tmp_path / "r", resume=True).records[-1]["round"] == 2
+    with pytest.raises(InputError, match="local_test"):
+        run(tiny(rounds=2, local_test=0.2), tmp_path / "r", resume=True)
 
 
 def test_dp_noise_has_the_configured_sigma():
@@ -113,6 +121,40 @@ def test_dp_changes_the_run(tmp_path):
         a.records[0]["averaged"] != b.records[0]["averaged"]
 
 
+def test_local_test_parts_give_amp_fm_wlp(tmp_path):
+    from mrtf.federated.fairness import client_accuracies, fairness_metrics
+    from mrtf.federated.runner import prepare_run
+    from mrtf.models import build_model
+
+    torch.set_num_threads(1)
+    cfg = tiny(methods=["fedavg", "fedkf"], local_test=0.2, rounds=1)
+    res = run(cfg, tmp_path / "lt")
+    fedavg, fedkf = res.records
+    assert fedkf["amp"] == fedkf["amp_oca"] and fedkf["amp_aca"] is not None
+    assert fedavg["amp"] == fedavg["amp_averaged"] and fedavg.get("amp_oca") is None
+    fed = prepare_run(cfg, 0)  # 20 % of each client's samples held out, the rest trains
+    assert all(len(t) == int(0.2 * (len(t) + len(p))) for p, t in zip(fed.parts,
+                                                                        fed.test_parts))
+    assert fedavg["local_loss"] != run(tiny(methods=["fedavg"], rounds=1),
+                                       tmp_path / "no").records[0]["local_loss"]
+    summary = (tmp_path / "lt" / "summary.md").read_text()
+    assert f"| fedkf | aca | {fedkf['amp_aca']:.4f} ± 0.0000 |" in summary
+    with h5py.File(tmp_path / "lt" / "metrics.h5") as f:
+        np.testing.assert_allclose(f["amp_oca"][:], [np.nan, fedkf["amp_oca"]])
+    assert "local test" not in (tmp_path / "no" / "summary.md").read_text()
+    # FedAvg's round-1 model (the checkpoint's global state) scored by hand gives the record
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(tmp_path / "lt" / "ckpt" / "s0-fedavg.r1.safetensors"))
+    model = build_model("lenet", fed.num_classes, **fed.arch_kwargs)
+    model.load_state_dict({k[len("global."):]: v for k, v in tensors.items()
+                           if k.startswith("global.")})
+    accs = client_accuracies(model, fed.x, fed.y, fed.test_parts)
+    sizes = np.array([len(p) + len(t) for p, t in zip(fed.parts, fed.test_parts)])
+    assert fairness_metrics(accs, sizes) == pytest.approx(
+        {k: fedavg[k] for k in ("amp", "fm", "wlp")})
+
+
 @pytest.mark.parametrize("kw, message", [
     (dict(methods=["fedavg", "nope"]), "unknown method"),
     (dict(dataset="nope"), "unknown dataset"),
@@ -120,6 +162,7 @@ def test_dp_changes_the_run(tmp_path):
     (dict(clients=4, ratio=0.1), "R·K < 1"),
     (dict(dp_sigma=-0.1), "σ"),
     (dict(local_algorithm="fedprox", mu=0.0), "mu > 0"),
+    (dict(local_test=1.0), "local_test"),
 ])
 def test_bad_config_is_refused(tmp_path, kw, message):
     with pytest.raises(InputError, match=message):

@@ -113,8 +113,9 @@ class ClientUpdate:
 @dataclass
 class Aggregated:
     """state: what the next round's clients receive. states / probs: models (state dicts) and
-    target-set predictions (M, C) to score, by column name (SCORES). primary: the column that
-    is the method's own output ("accuracy" in the metrics)."""
+    target-set predictions (M, C) to score, by column name (SCORES); a column with both is
+    scored on the target from its predictions, and its model is used for the clients' local
+    test parts. primary: the column that is the method's own output ("accuracy")."""
 
     state: dict[str, torch.Tensor]
     primary: str
@@ -198,9 +199,9 @@ class RefineryStrategy(Strategy):
         res = refine(self._received(rnd, start_state, updates), self.ctx.target, cfg)
         refined = _cpu_state(res.model)
         nxt = avg if s.keep_training_on_average else refined
-        return Aggregated(nxt, "refined", probs={"averaged": res.averaged_probs,
-                                                  "ensemble": res.target_probs,
-                                                  "refined": res.probs})
+        return Aggregated(nxt, "refined", states={"averaged": avg, "refined": refined},
+                          probs={"averaged": res.averaged_probs, "ensemble": res.target_probs,
+                                 "refined": res.probs})
 
 
 class FedFTGStrategy(Strategy):

@@ -9,10 +9,14 @@ from pathlib import Path
 import numpy as np
 
 from mrtf.errors import InputError
+from mrtf.federated.fairness import LOCAL_METRICS
 from mrtf.federated.methods import SCORES
 from mrtf.io.atomic import atomic_path
 
-COLUMNS = ("round", "accuracy", *SCORES, "local_loss", "seconds", "elapsed")
+#: models that have weights, hence AMP / FM / WLP on the local test parts (not "ensemble")
+MODEL_SCORES = tuple(c for c in SCORES if c != "ensemble")
+LOCAL_COLUMNS = (*LOCAL_METRICS, *(f"{m}_{c}" for c in MODEL_SCORES for m in LOCAL_METRICS))
+COLUMNS = ("round", "accuracy", *SCORES, "local_loss", "seconds", "elapsed", *LOCAL_COLUMNS)
 
 
 def load_records(run_dir: str | Path) -> list[dict]:
@@ -81,7 +85,27 @@ def summary_markdown(records: list[dict], config: dict | None = None) -> str:
             lines.append(f"| {m} | {seed} | {r['round']} | {_fmt(r['accuracy'])} | " +
                          " | ".join(_fmt(r.get(c)) for c in SCORES) +
                          f" | {_fmt(r.get('local_loss'))} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _local_lines(records, summ)) + "\n"
+
+
+def _local_lines(records: list[dict], summ: dict) -> list[str]:
+    """FedKF's AMP / FM / WLP at each seed's final evaluation, mean ± std over seeds, for every
+    model that has them (e.g. FedKF's OCA and ACA); nothing when the run has no local tests."""
+    rows = []
+    for m in summ:
+        finals = [rs[-1] for rs in _series(records, m).values()]
+        for col in MODEL_SCORES:
+            vals = {k: [r.get(f"{k}_{col}") for r in finals] for k in LOCAL_METRICS}
+            if any(v is None for v in vals["amp"]):
+                continue
+            cells = " | ".join(f"{np.mean(vals[k]):.4f} ± {np.std(vals[k]):.4f}"
+                               for k in LOCAL_METRICS)
+            rows.append(f"| {m} | {col} | {cells} |")
+    if not rows:
+        return []
+    return ["", "Clients' local test parts at the final round (FedKF Def. 1-3; AMP and WLP: "
+            "higher is better, FM: variance across clients, lower is fairer), mean ± std over "
+            "seeds:", "", "| method | model | AMP | FM | WLP |", "|---|---|---|---|---|", *rows]
 
 
 def plot(records: list[dict], path: Path) -> None:

@@ -18,7 +18,7 @@ import math
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,12 @@ import torch
 
 from mrtf.device import pick_device
 from mrtf.errors import InputError
+from mrtf.federated.fairness import (
+    LOCAL_METRICS,
+    client_accuracies,
+    fairness_metrics,
+    split_local_test,
+)
 from mrtf.federated.local import LocalConfig, accuracy, local_train
 from mrtf.federated.methods import (
     METHODS,
@@ -72,6 +78,7 @@ class RunConfig:
     dp_sigma: float = 0.0
     dp_clip: float = 0.0  # 0 = no clipping
     eval_every: int = 1
+    local_test: float = 0.0  # fraction of each client's data held out (FedKF's AMP/FM/WLP)
     out: str | None = None
     # server methods
     refine_steps: int = 500
@@ -158,6 +165,8 @@ class RunConfig:
         bad(not (self.dp_clip >= 0 and math.isfinite(self.dp_clip)),
             f"dp_clip must be >= 0, got {self.dp_clip}")
         bad(self.eval_every < 1, f"eval_every must be >= 1, got {self.eval_every}")
+        bad(not 0.0 <= self.local_test < 1.0,
+            f"local_test must be a fraction in [0, 1), got {self.local_test}")
         bad(self.refine_steps < 0, f"refine_steps must be >= 0, got {self.refine_steps}")
         bad(self.variant not in VARIANTS, f"variant must be paper or reference, got "
             f"{self.variant!r}")
@@ -226,6 +235,8 @@ def prepare_run(cfg: RunConfig, seed: int) -> Federation:
     """The seed's federation; for a cross-domain run the target set is replaced by held-out
     samples of ``cfg.target``, resized and channel-converted to the source's shape."""
     fed = prepare_federation(cfg.simulation(seed))
+    if cfg.local_test > 0:
+        fed.parts, fed.test_parts = split_local_test(fed.parts, cfg.local_test, seed)
     if not cfg.cross_domain:
         return fed
     from mrtf.data import adapt_images, load_dataset, train_target_split
@@ -371,6 +382,9 @@ def prepare_out(cfg: RunConfig, out: Path, resume: bool, force: bool) -> bool:
         except ValueError:
             raise InputError(f"{existing} is unreadable; rerun with --force") from None
         old.pop("out", None)
+        # keys added in later versions read as their defaults, so older runs still resume
+        old = {**{f.name: f.default for f in fields(RunConfig) if f.name in cfg.identity()
+                  and f.default is not MISSING}, **old}
         if old != json.loads(json.dumps(cfg.identity())):
             diff = sorted(k for k in set(old) | set(cfg.identity())
                           if old.get(k) != json.loads(json.dumps(cfg.identity().get(k))))
@@ -510,11 +524,28 @@ def _score(ctx, agg, fed: Federation, dev: torch.device) -> dict[str, float | No
     """Accuracy on the target of every model and prediction the strategy reports."""
     scores: dict[str, float | None] = dict.fromkeys(SCORES)
     for col, st in agg.states.items():
-        scores[col] = accuracy(ctx.build(st), fed.target_x, fed.target_y, device=dev)
+        if col not in agg.probs:
+            scores[col] = accuracy(ctx.build(st), fed.target_x, fed.target_y, device=dev)
     y_np = fed.target_y.numpy()
     for col, probs in agg.probs.items():
         scores[col] = float((np.asarray(probs).argmax(1) == y_np).mean())
+    if fed.test_parts is not None:
+        scores.update(_local_scores(ctx, agg, fed, dev))
     return scores
+
+
+def _local_scores(ctx, agg, fed: Federation, dev: torch.device) -> dict[str, float | None]:
+    """FedKF's AMP / FM / WLP of every model on the clients' local test parts: ``amp`` etc.
+    for the method's own model, ``amp_<column>`` for each model scored (e.g. OCA and ACA)."""
+    sizes = np.array([len(a) + len(b) for a, b in zip(fed.parts, fed.test_parts)])
+    out: dict[str, float | None] = {}
+    for col, st in agg.states.items():
+        accs = client_accuracies(ctx.build(st), fed.x, fed.y, fed.test_parts, dev)
+        for name, value in fairness_metrics(accs, sizes).items():
+            out[f"{name}_{col}"] = value
+    for name in LOCAL_METRICS:
+        out[name] = out.get(f"{name}_{agg.primary}")
+    return out
 
 
 def _run_track(cfg: RunConfig, fed: Federation, seed: int, method: str, ckdir: Path,

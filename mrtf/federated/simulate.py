@@ -77,6 +77,8 @@ class Federation:
     target_y: torch.Tensor
     num_classes: int
     arch_kwargs: dict
+    # each client's local test part (indices into x, y), when the run holds one out
+    test_parts: list[np.ndarray] | None = None
 
 
 @dataclass
