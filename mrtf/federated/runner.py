@@ -603,6 +603,8 @@ def _run_track(cfg: RunConfig, fed: Federation, seed: int, method: str, ckdir: P
             _write_metrics_jsonl(out, _flat(all_records))
             if on_record:
                 on_record(rec)
+            if bar is not None:
+                bar.set_postfix(round=rnd + 1, accuracy=f"{rec['accuracy']:.4f}", refresh=False)
         if bar is not None:
             bar.update(1)
         counter["rounds"] += 1
