@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from mrtf.federated.local import correct_mask
+
 LOCAL_METRICS = ("amp", "fm", "wlp")
 
 
@@ -39,21 +41,17 @@ def split_local_test(parts: list[np.ndarray], fraction: float, seed: int
     return train, test
 
 
-@torch.inference_mode()
 def client_accuracies(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                       test_parts: list[np.ndarray], device: torch.device | str = "cpu",
                       batch_size: int = 1024) -> np.ndarray:
     """a_k: accuracy of ``model`` on each client's local test part (NaN where it is empty).
 
-    x (N, C, H, W), y (N,) hold every client's samples; test_parts index into them.
+    x (N, C, H, W), y (N,) hold every client's samples; test_parts index into them. All parts
+    are predicted in one batched pass.
     """
-    model = model.to(device).eval()
-    rows = np.concatenate([p for p in test_parts if len(p)] or [np.empty(0, np.int64)])
-    correct = np.empty(len(rows), dtype=bool)
-    for s in range(0, len(rows), batch_size):
-        idx = torch.from_numpy(rows[s:s + batch_size])
-        pred = model(x[idx].to(device)).argmax(1).cpu()
-        correct[s:s + batch_size] = (pred == y[idx]).numpy()
+    rows = torch.from_numpy(np.concatenate([p for p in test_parts if len(p)]
+                                           or [np.empty(0, np.int64)]))
+    correct = correct_mask(model, x[rows], y[rows], batch_size, device)
     accs, start = np.full(len(test_parts), np.nan), 0
     for k, p in enumerate(test_parts):
         if len(p):

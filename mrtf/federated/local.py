@@ -95,12 +95,19 @@ def has_batchnorm(model: nn.Module) -> bool:
 
 
 @torch.inference_mode()
+@torch.inference_mode()
+def correct_mask(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024,
+                 device: torch.device | str = "cpu") -> np.ndarray:
+    """(N,) bool: whether ``model`` (put in eval mode) predicts each ``y``; batched, no graph."""
+    model = model.to(device).eval()
+    out = np.empty(len(x), dtype=bool)
+    for start in range(0, len(x), batch_size):
+        pred = model(x[start:start + batch_size].to(device)).argmax(1).cpu()
+        out[start:start + batch_size] = (pred == y[start:start + batch_size]).numpy()
+    return out
+
+
 def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024,
              device: torch.device | str = "cpu") -> float:
     """Per-sample accuracy (not a mean of per-batch accuracies)."""
-    model = model.to(device).eval()
-    correct = 0
-    for start in range(0, len(x), batch_size):
-        pred = model(x[start:start + batch_size].to(device)).argmax(1).cpu()
-        correct += int((pred == y[start:start + batch_size]).sum())
-    return correct / max(1, len(x))
+    return float(correct_mask(model, x, y, batch_size, device).sum()) / max(1, len(x))
