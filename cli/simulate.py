@@ -196,7 +196,8 @@ def evaluation_run(out: Out, opts: dict, run_opts: dict) -> None:
                     f"{cfg.rounds}  accuracy {rec['accuracy']:.4f}  {rec['seconds']:.1f}s")
 
     result = run(cfg, cfg.out, resume=run_opts["resume"], force=opts["force"],
-                 progress=out.progress, device=opts["device"], on_record=show)
+                 progress=out.progress, device=opts["device"], on_record=show,
+                 on_warning=out.warn)
     for method, s in result.summary.items():
         out.say(f"{method:<7} final {s['final_mean']:.4f} ± {s['final_std']:.4f}  best of last "
                 f"5 {s['best5_mean']:.4f} ± {s['best5_std']:.4f}")

@@ -411,10 +411,12 @@ def prepare_out(cfg: RunConfig, out: Path, resume: bool, force: bool) -> bool:
 
 def run(cfg: RunConfig, out: str | Path | None = None, resume: bool = False,
         force: bool = False, progress: bool = False, device: str | None = None,
-        on_record: Callable[[dict], None] | None = None, halt_after: int | None = None
-        ) -> RunResult:
+        on_record: Callable[[dict], None] | None = None, halt_after: int | None = None,
+        on_warning: Callable[[str], None] | None = None) -> RunResult:
     """Run every (seed, method) of ``cfg`` and write the run directory.
 
+    on_record : called with each metrics row as it is written.
+    on_warning : called with a strategy's first warning of each (seed, method) track.
     halt_after : stop (as if killed) after this many rounds in total have been checkpointed;
         for testing resumption.
     """
@@ -447,8 +449,9 @@ def run(cfg: RunConfig, out: str | Path | None = None, resume: bool = False,
             fed = feds.pop(seed, None) or prepare_run(cfg, seed)
             for method in cfg.methods:
                 name = track_name(seed, method)
-                recs = _run_track(cfg, fed, seed, method, ckdir, name, dev, bar, on_record,
-                                  counter, halt_after, all_records, out)
+                hooks = _Hooks(bar, on_record, on_warning)
+                recs = _run_track(cfg, fed, seed, method, ckdir, name, dev, hooks, counter,
+                                  halt_after, all_records, out)
                 all_records[name] = recs
                 if recs is None:
                     return RunResult(out, _flat(all_records), {})
@@ -459,6 +462,21 @@ def run(cfg: RunConfig, out: str | Path | None = None, resume: bool = False,
     _write_metrics_jsonl(out, records)
     summary = render(out, records)
     return RunResult(out, records, summary)
+
+
+@dataclass
+class _Hooks:
+    """A track's ways to report: progress bar, metrics rows, the first strategy warning."""
+
+    bar: Any = None
+    on_record: Callable[[dict], None] | None = None
+    on_warning: Callable[[str], None] | None = None
+    warned: bool = False
+
+    def warn(self, lines: list[str], seed: int) -> None:
+        if lines and self.on_warning and not self.warned:
+            self.warned = True
+            self.on_warning(f"seed {seed}, {lines[0]}")
 
 
 def _flat(all_records: dict[str, list[dict] | None]) -> list[dict]:
@@ -555,7 +573,7 @@ def _local_scores(models: dict, primary: str, fed: Federation, dev: torch.device
 
 
 def _run_track(cfg: RunConfig, fed: Federation, seed: int, method: str, ckdir: Path,
-               name: str, dev: torch.device, bar, on_record, counter: dict,
+               name: str, dev: torch.device, hooks: _Hooks, counter: dict,
                halt_after: int | None, all_records: dict, out: Path) -> list[dict] | None:
     from mrtf.io.hdf5 import ArraySource
     from mrtf.models import build_model
@@ -572,6 +590,7 @@ def _run_track(cfg: RunConfig, fed: Federation, seed: int, method: str, ckdir: P
     torch.manual_seed(seed)  # the same initial model for every method of this seed
     model = build_model(cfg.arch, fed.num_classes, **fed.arch_kwargs)
     ts = load_checkpoint(ckdir, name, strategy)
+    bar = hooks.bar
     if ts is None:
         init = {k: v.detach().clone() for k, v in model.state_dict().items()}
         strategy.initialize(init)
@@ -591,6 +610,7 @@ def _run_track(cfg: RunConfig, fed: Federation, seed: int, method: str, ckdir: P
         updates = _train_clients(cfg, fed, ts, strategy, model, chosen, rnd, seed, dev)
         evaluate = (rnd + 1) % cfg.eval_every == 0 or rnd == cfg.rounds - 1
         agg = strategy.aggregate(rnd, ts.global_state, updates, evaluate)
+        hooks.warn(agg.warnings, seed)
         ts.global_state = {k: v.detach().cpu().clone() for k, v in agg.state.items()}
         ts.round = rnd + 1
         seconds = time.perf_counter() - t0
@@ -607,8 +627,8 @@ def _run_track(cfg: RunConfig, fed: Federation, seed: int, method: str, ckdir: P
             save_checkpoint(ckdir, name, ts, strategy)
             all_records[name] = ts.records
             _write_metrics_jsonl(out, _flat(all_records))
-            if on_record:
-                on_record(rec)
+            if hooks.on_record:
+                hooks.on_record(rec)
             if bar is not None:
                 bar.set_postfix(round=rnd + 1, accuracy=f"{rec['accuracy']:.4f}", refresh=False)
         if bar is not None:
