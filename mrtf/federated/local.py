@@ -95,7 +95,6 @@ def has_batchnorm(model: nn.Module) -> bool:
 
 
 @torch.inference_mode()
-@torch.inference_mode()
 def correct_mask(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024,
                  device: torch.device | str = "cpu") -> np.ndarray:
     """(N,) bool: whether ``model`` (put in eval mode) predicts each ``y``; batched, no graph."""

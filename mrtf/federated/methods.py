@@ -116,7 +116,7 @@ class Aggregated:
     target-set predictions (M, C) to score, by column name (SCORES); a column with both is
     scored on the target from its predictions, and its model is used for the clients' local
     test parts. primary: the column that is the method's own output ("accuracy"). warnings:
-    one line each, for the user (the engine shows each kind once per run track)."""
+    one line each, for the user (the engine shows the first one of each run track)."""
 
     state: dict[str, torch.Tensor]
     primary: str
