@@ -11,7 +11,8 @@ from mrtf.cli.common import Out, output_options, table
 from mrtf.io.hdf5 import read_dataset, read_labels
 from mrtf.scoring import score_labels
 
-METHODS = ("fedavg", "feddf", "mrtf")
+#: the default (adaptive) beside the parameter average, FedDF and the paper's MrTF
+METHODS = ("fedavg", "feddf", "mrtf", "adaptive")
 
 
 @click.command()
@@ -26,7 +27,8 @@ METHODS = ("fedavg", "feddf", "mrtf")
 def demo(dataset: str, out_dir: Path | None, rounds: int, steps: int, seed: int, out: Out
          ) -> None:
     """Simulate a non-IID federation, refine what the pilot party receives with fedavg,
-    feddf and mrtf, write labels, and compare their accuracy."""
+    feddf, the paper's mrtf and the default (adaptive), write labels, and compare their
+    accuracy."""
     from mrtf.cli.inspect import inspect
     from mrtf.cli.refine import refine_cmd
     from mrtf.cli.simulate import simulate
@@ -59,6 +61,6 @@ def demo(dataset: str, out_dir: Path | None, rounds: int, steps: int, seed: int,
         rows.append([method, result["accuracy"], str(labels.name)])
     out.say("\n== 4. label accuracy on the pilot party's images (y used only for scoring)")
     out.say(table(rows, ["method", "accuracy", "labels file"]))
-    out.say(f"\nfiles: {out_dir}   next: mrtf score {out_dir}/labels-mrtf.h5 --truth {target}")
+    out.say(f"\nfiles: {out_dir}   next: mrtf score {out_dir}/labels-adaptive.h5 --truth {target}")
     out.summary({"command": "demo", "out": str(out_dir), "simulation": sim, "steps": steps,
                  "accuracy": {r[0]: r[1] for r in rows}})

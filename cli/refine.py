@@ -26,8 +26,10 @@ from mrtf.scoring import score_labels
               help="Write the labels of --data here (.h5).")
 @click.option("--model", "model_out", type=click.Path(path_type=Path), default=None,
               help="Write the refined model here (.safetensors bundle).")
-@click.option("--method", type=click.Choice(METHODS), default="mrtf", show_default=True,
-              help="fedavg (average only), feddf (AvgLogit), st, st+rd, mrtf (st+rd+clr).")
+@click.option("--method", type=click.Choice(METHODS), default="adaptive", show_default=True,
+              help="adaptive (every source weighted by its measured trust; the default), "
+                   "fedavg (average only), feddf (AvgLogit), st, st+rd, mrtf (the paper: "
+                   "st+rd+clr).")
 @click.option("--variant", type=click.Choice(["paper", "reference"]), default="paper",
               show_default=True, help="Follow the paper, or the authors' public code.")
 @click.option("--steps", type=int, default=None,
@@ -93,6 +95,12 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, labels_out: Path | Non
     result = refine(rs, source, cfg, student)
     for note in result.info["notes"]:
         out.say(f"note: {note}")
+    for line in result.info.get("trust", []):
+        out.say(f"source {line}")
+    if "estimated_accuracy" in result.info:
+        est = result.info["estimated_accuracy"]
+        out.say(f"label-free estimate (consensus): refined {est['refined']:.3f}, averaged "
+                f"{est['averaged']:.3f}")
     scores: dict[str, float] = {}
     y = source.labels()
     if y is not None:  # scoring only: y never reaches the refinery
@@ -116,6 +124,8 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, labels_out: Path | Non
     out.summary({"command": "refine", "method": cfg.method, "variant": cfg.variant,
                  "samples": len(source), "u_t": result.info["u_t"],
                  "heterogeneous": result.info["heterogeneous"], "notes": result.info["notes"],
+                 "sources": result.info.get("sources"),
+                 "estimated_accuracy": result.info.get("estimated_accuracy"),
                  "accuracy": scores or None, "timings": result.timings,
                  "labels": str(labels_out) if labels_out else None,
                  "model": str(model_out) if model_out else None})

@@ -117,12 +117,12 @@ def test_refine_label_score_end_to_end(simulated, tmp_path):
               "--model", model, "--steps", "30", "--seed", "1", "--json")
     assert res.exit_code == 0, res.output
     summary = json.loads(res.output)
-    assert summary["method"] == "mrtf" and set(summary["accuracy"]) == {"averaged", "targets",
+    assert summary["method"] == "adaptive" and set(summary["accuracy"]) == {"averaged", "targets",
                                                                          "refined"}
     with h5py.File(labels) as f:
         assert f["labels"].shape == (200,) and f["probs"].shape == (200, 10)
         np.testing.assert_allclose(f["probs"][:].sum(1), 1.0, rtol=1e-5)
-        assert f.attrs["method"] == "mrtf" and "config" in f.attrs
+        assert f.attrs["method"] == "adaptive" and "config" in f.attrs
     scored = json.loads(run("score", labels, "--truth", root / "target.h5", "--json").output)
     assert scored["accuracy"] == pytest.approx(summary["accuracy"]["refined"])
     assert np.array(scored["confusion"]).sum() == 200

@@ -96,7 +96,7 @@ def test_vmap_with_batchnorm_in_eval():
                                atol=1e-5)
 
 
-@pytest.mark.parametrize("method", ["fedavg", "feddf", "st", "st+rd", "mrtf"])
+@pytest.mark.parametrize("method", ["fedavg", "feddf", "st", "st+rd", "mrtf", "adaptive"])
 def test_methods_run_and_ignore_y(demo, method):
     y = demo["y"]
     a = refine(demo["received"], ArraySource(demo["x"], y), _cfg(method=method))
@@ -124,6 +124,32 @@ def test_same_seed_identical_and_seed_matters(demo, tmp_path):
     assert not np.array_equal(a.probs, c.probs)
     d = refine(demo["received"], ArraySource(demo["x"]), _cfg(seed=3))  # HDF5 == memory
     np.testing.assert_allclose(a.probs, d.probs, atol=1e-6)
+
+
+def test_adaptive_reports_every_source_and_a_label_free_estimate(demo):
+    r = refine(demo["received"], ArraySource(demo["x"]), _cfg())
+    assert r.info["method"] == "adaptive"
+    names = [s["name"] for s in r.info["sources"]]
+    assert len(names) == 3 + 2 + 1  # 3 parties, θ_t, θ_{t+1}, the cluster view
+    assert names[-1] == "clusters" and len(r.info["trust"]) == len(names)
+    est = r.info["estimated_accuracy"]
+    assert 0 <= est["averaged"] <= 1 and 0 <= est["refined"] <= 1
+
+
+def test_adaptive_does_not_collapse_on_dead_parties(demo):
+    """Parties whose output is the same for every sample are left out; the labels still
+    depend on the input (the paper's methods distil such teachers into a dead network)."""
+    from mrtf.refinery.adaptive import input_independent
+
+    dead = [ReceivedModel(m.path, m.meta, {k: torch.zeros_like(v) for k, v in
+                                           m.state_dict.items()})
+            for m in demo["received"].by_role("local")]
+    rs = ReceivedSet(dead + demo["received"].by_role("global"), [])
+    r = refine(rs, ArraySource(demo["x"]), _cfg())
+    left_out = [s["name"] for s in r.info["sources"] if s["weight"] == 0 and
+                s["name"] != "clusters"]
+    assert len(left_out) == 4  # 3 parties and their (dead) average
+    assert not input_independent(r.probs)
 
 
 def test_missing_global_and_loss_notes(demo):

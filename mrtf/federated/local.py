@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mrtf.models import has_batchnorm
+
 
 @dataclass
 class LocalConfig:
@@ -88,10 +90,6 @@ def local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes:
     counts = torch.bincount(y.cpu().long(), minlength=num_classes).tolist()
     return LocalResult(model=local.eval(), train_loss=float(np.mean(losses)) if losses else
                        float("nan"), label_counts=counts, n_samples=n)
-
-
-def has_batchnorm(model: nn.Module) -> bool:
-    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
 @torch.inference_mode()

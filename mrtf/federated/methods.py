@@ -49,9 +49,13 @@ from mrtf.federated.aggregate import average_states
 from mrtf.federated.local import LocalConfig, LocalResult, has_batchnorm
 from mrtf.io.bundles import BundleMeta, ReceivedModel, ReceivedSet
 from mrtf.models import build_model
+from mrtf.refinery.adaptive import input_independent
 
-METHODS = ("fedavg", "feddf", "st", "st+rd", "mrtf", "fedftg", "fedkf")
-REFINERY_METHODS = ("feddf", "st", "st+rd", "mrtf")
+METHODS = ("fedavg", "feddf", "st", "st+rd", "mrtf", "adaptive", "fedftg", "fedkf")
+REFINERY_METHODS = ("feddf", "st", "st+rd", "mrtf", "adaptive")
+#: in-loop methods that send the plain average when their refined model would do harm; the
+#: paper's methods send what they refine, as Sect. 4.4 says
+GUARDED_METHODS = ("adaptive",)
 #: columns every metrics row carries (None where a method has no such model)
 SCORES = ("averaged", "ensemble", "refined", "aca", "oca")
 
@@ -123,13 +127,6 @@ class Aggregated:
     states: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     probs: dict[str, np.ndarray] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
-
-
-def input_independent(probs: np.ndarray, tol: float = 1e-6) -> bool:
-    """True when a model's target predictions (M, C) are the same for every sample: its
-    output no longer depends on the input (e.g. every ReLU of a layer is dead)."""
-    probs = np.asarray(probs)
-    return len(probs) > 1 and float(np.ptp(probs, axis=0).max()) <= tol
 
 
 def _cpu_state(model_or_state) -> dict[str, torch.Tensor]:
@@ -207,7 +204,8 @@ class RefineryStrategy(Strategy):
                            device=str(self.ctx.device), progress=False)
         res = refine(self._received(rnd, start_state, updates), self.ctx.target, cfg)
         refined = _cpu_state(res.model)
-        nxt = avg if s.keep_training_on_average else refined
+        guarded = self.name in GUARDED_METHODS and not _safe_to_send(res)
+        nxt = avg if s.keep_training_on_average or guarded else refined
         warnings = []
         if nxt is refined and input_independent(res.probs):
             # measured on mnist5k (Dirichlet 0.1): when the teachers' predictions carry no class
@@ -220,6 +218,16 @@ class RefineryStrategy(Strategy):
         return Aggregated(nxt, "refined", states={"averaged": avg, "refined": refined},
                           probs={"averaged": res.averaged_probs, "ensemble": res.target_probs,
                                  "refined": res.probs}, warnings=warnings)
+
+
+def _safe_to_send(res) -> bool:
+    """Do no harm in the loop: the refined model goes to the clients only when its output
+    depends on the input and the consensus rates its labels at least as well as the plain
+    average's (the label-free estimate of adaptive.py); otherwise the clients get the average."""
+    if input_independent(res.probs):
+        return False
+    est = res.info.get("estimated_accuracy")
+    return est is None or est["refined"] >= est["averaged"]
 
 
 class FedFTGStrategy(Strategy):

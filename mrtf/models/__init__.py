@@ -4,6 +4,7 @@ from mrtf.models.registry import (
     HookedModel,
     available_archs,
     build_model,
+    has_batchnorm,
     image_kwargs,
     register,
 )
@@ -11,5 +12,5 @@ from mrtf.models.zoo import VGG8, CharLSTM, ConvNet, FeatureModel, LeNet, MLPNet
 
 __all__ = [
     "CharLSTM", "ConvNet", "FeatureModel", "HookedModel", "LeNet", "MLPNet", "ResNet", "VGG8",
-    "available_archs", "build_model", "image_kwargs", "register",
+    "available_archs", "build_model", "has_batchnorm", "image_kwargs", "register",
 ]

@@ -118,3 +118,8 @@ def _build_custom(spec: str, num_classes: int, kwargs: dict[str, Any]) -> nn.Mod
     if hasattr(net, "forward_features"):
         return net
     return HookedModel(net, num_classes)
+
+
+def has_batchnorm(model: nn.Module) -> bool:
+    """True when ``model`` has a BatchNorm layer (it cannot train on a single sample)."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())

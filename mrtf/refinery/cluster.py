@@ -109,3 +109,24 @@ def prototype_targets(targets: np.ndarray, features: np.ndarray, tau: float = 4.
             out[s:s + chunk] = _softmax_masked(a * cos + b, ok)
         q = out
     return q
+
+
+def kmeans_view(features: np.ndarray, n_clusters: int, seed: int = 0, iterations: int = 25
+                ) -> np.ndarray:
+    """One-hot spherical k-means assignments (M, n) of L2-normalised ``features`` (faiss).
+
+    A view of the target set that no received model chose: the consensus (consensus.py) learns
+    from the data how well these clusters follow the classes. ``n_clusters`` is capped at M.
+    Deterministic given ``seed`` (and the thread count).
+    """
+    import faiss
+
+    f = np.ascontiguousarray(_normalise(features.astype(np.float32)), dtype=np.float32)
+    n = max(1, min(n_clusters, len(f)))
+    km = faiss.Kmeans(f.shape[1], n, niter=iterations, seed=seed, spherical=True,
+                      verbose=False, min_points_per_centroid=1)
+    km.train(f)
+    _, assign = km.index.search(f, 1)
+    view = np.zeros((len(f), n), dtype=np.float32)
+    view[np.arange(len(f)), assign[:, 0]] = 1.0
+    return view

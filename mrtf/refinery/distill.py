@@ -18,7 +18,7 @@ from torch import nn
 
 from mrtf.device import pick_device
 from mrtf.errors import FusionError
-from mrtf.federated.local import has_batchnorm
+from mrtf.models import has_batchnorm
 
 VARIANTS = ("paper", "reference")
 

@@ -19,6 +19,7 @@ from torch import nn
 
 from mrtf.device import pick_device
 from mrtf.errors import InputError
+from mrtf.refinery.adaptive import adaptive_targets, estimated_accuracy, input_independent
 from mrtf.refinery.cluster import prototype_targets
 from mrtf.refinery.distill import distill
 from mrtf.refinery.rectify import U_FALLBACK, rectified_targets, u_t
@@ -31,7 +32,28 @@ from mrtf.refinery.teachers import (
     teacher_logits,
 )
 
-METHODS = ("fedavg", "feddf", "st", "st+rd", "mrtf")
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """What a method needs. teachers: 'none' (θ_{t+1} as it is), 'locals' (S_t) or 'all'
+    (S_t, θ_t and θ_{t+1}); features: θ_{t+1}'s features are kept (CLR / cluster view)."""
+
+    teachers: str
+    features: bool
+    summary: str
+
+
+#: one row per method; the paper's ablation (Fig. 11) plus the adaptive default
+METHOD_SPECS: dict[str, MethodSpec] = {
+    "adaptive": MethodSpec("all", True, "consensus of every source with measured trust "
+                                        "(adaptive.py; the default)"),
+    "fedavg": MethodSpec("none", False, "θ_{t+1}, the parameter average, no refinement"),
+    "feddf": MethodSpec("locals", False, "AvgLogit targets (Eq. 3)"),
+    "st": MethodSpec("locals", False, "stabilized AvgProb targets (Eq. 6-7)"),
+    "st+rd": MethodSpec("all", False, "+ rectified distillation (Eq. 10)"),
+    "mrtf": MethodSpec("all", True, "+ clustered label refinery (Eq. 11-12): the paper's MrTF"),
+}
+METHODS = tuple(METHOD_SPECS)
 VARIANTS = ("paper", "reference")
 #: The reference code normalises logits per inference batch (320-640 samples): we use 512.
 REF_STD_BATCH = 512
@@ -41,17 +63,19 @@ REF_STD_BATCH = 512
 class RefineConfig:
     """Refinement settings (defaults: MrTF paper, Sect. 4-5).
 
-    method : fedavg (θ_{t+1}, no distillation) | feddf (AvgLogit, Eq. 3) | st (stabilized
-        AvgProb, Eq. 6-7) | st+rd (+ rectified targets, Eq. 10) | mrtf (+ clustered label
-        refinery, Eq. 11-12).
-    variant : 'paper' or 'reference' (the authors' code, REFERENCE-NOTES.md).
+    method : adaptive (default: every source weighted by its measured trust, adaptive.py) |
+        fedavg (θ_{t+1}, no distillation) | feddf (AvgLogit, Eq. 3) | st (stabilized AvgProb,
+        Eq. 6-7) | st+rd (+ rectified targets, Eq. 10) | mrtf (+ clustered label refinery,
+        Eq. 11-12): see METHOD_SPECS.
+    variant : 'paper' or 'reference' (the authors' code, docs/reference-code.md); applies
+        to the paper's methods (adaptive uses the paper's Eq. 6 and distillation settings).
     lr : None → variant default (paper 3e-4, reference 1e-3).
     clr_min_round : skip CLR when the received models' round (``mrtf.round``, 0-based) is below
         this: the paper skips the first 5 rounds, when θ_{t+1}'s features are not yet
         discriminative (Sect. 4.3); 0 = always apply. Models without a round always get CLR.
     """
 
-    method: str = "mrtf"
+    method: str = "adaptive"
     variant: str = "paper"
     tau: float = 4.0
     steps: int = 500
@@ -153,6 +177,11 @@ class _Plan:
     student: nn.Module  # starts distillation (θ_{t+1} copy or the given student)
     heterogeneous: bool
     notes: list[str]
+    names: list[str]  # the local models' party names, then θ_t's and θ_{t+1}'s
+
+
+def _party(m) -> str:
+    return m.meta.party or m.path.stem
 
 
 def _plan(received, source, config: RefineConfig, student: nn.Module | None,
@@ -187,7 +216,7 @@ def _plan(received, source, config: RefineConfig, student: nn.Module | None,
         if glob:
             newest = max(glob, key=lambda m: -1 if m.meta.round is None else m.meta.round)
             start = newest.build(dev)
-        elif config.method in ("st+rd", "mrtf"):
+        elif METHOD_SPECS[config.method].teachers == "all":
             notes.append("no θ_t (role 'global') received: θ_{t+1} is used for both "
                          "self-teaching terms of Eq. 10")
     if student is not None:
@@ -195,7 +224,11 @@ def _plan(received, source, config: RefineConfig, student: nn.Module | None,
         student = copy.deepcopy(student).to(dev)  # the caller's module is not changed
     else:
         student = copy.deepcopy(agg)
-    return _Plan(locals_, start, agg, student, hetero, notes)
+    names = [_party(m) for m in locals_r]
+    if start is not None:
+        names.append("θ_t (the round's starting model)")
+    names.append("θ_{t+1} (parameter average)" if agg is not None else "the student")
+    return _Plan(locals_, start, agg, student, hetero, notes, names)
 
 
 TARGET_CHUNK = 16 * REF_STD_BATCH  # samples per block; a multiple of the reference std block
@@ -242,16 +275,23 @@ def ensemble_targets(logits: np.ndarray, num_local: int, config: RefineConfig, u
 
 
 def _targets(plan: _Plan, logits: np.ndarray, feats: np.ndarray | None, config: RefineConfig,
-             u: float, skip_clr: bool) -> tuple[np.ndarray, float]:
-    """Distillation targets (M, C) for the method; returns (targets, seconds spent on CLR)."""
+             u: float, skip_clr: bool, self_probs: np.ndarray) -> tuple[np.ndarray, dict]:
+    """Distillation targets (M, C) for the method, and what went into them (``clr`` seconds;
+    for adaptive the per-source trust)."""
+    if config.method == "adaptive":
+        t0 = time.perf_counter()
+        probs = np.concatenate([q for _, q in _stabilized_blocks(logits, config)], axis=1)
+        out = adaptive_targets(probs, plan.names, self_probs, feats, config.seed,
+                               len(plan.locals_))
+        return out.targets, {"clr": time.perf_counter() - t0, "adaptive": out}
     targets = ensemble_targets(logits, len(plan.locals_), config, u)
-    if config.method in ("feddf", "st", "st+rd") or skip_clr or config.clr_iterations == 0:
-        return targets, 0.0
+    if not METHOD_SPECS[config.method].features or skip_clr or config.clr_iterations == 0:
+        return targets, {"clr": 0.0}
     t0 = time.perf_counter()
     assert feats is not None
     refined = prototype_targets(targets, feats, config.tau, config.clr_iterations,
                                 config.variant, use_gpu=torch.cuda.is_available())
-    return refined, time.perf_counter() - t0
+    return refined, {"clr": time.perf_counter() - t0}
 
 
 def refine(received, source, config: RefineConfig | None = None,
@@ -266,9 +306,64 @@ def refine(received, source, config: RefineConfig | None = None,
     config = config or RefineConfig()
     config.validate()
     dev = pick_device(config.device)
+    spec = METHOD_SPECS[config.method]
     plan = _plan(received, source, config, student, dev)
     timings: dict[str, float] = {"teachers": 0.0, "clr": 0.0, "distill": 0.0, "predict": 0.0}
     u = u_t([m.meta.train_loss for m in newest_locals(received)], received.num_classes)
+    notes, skip_clr = _notes(received, plan, config)
+    self_model = plan.agg if plan.agg is not None else plan.student
+    teachers = [] if spec.teachers == "none" else list(plan.locals_)
+    if spec.teachers == "all":
+        teachers += ([plan.start] if plan.start is not None else []) + [self_model]
+    t0 = time.perf_counter()
+    out = None
+    if teachers:
+        feats_of = self_model if spec.features and not skip_clr else None
+        out = teacher_logits(teachers, source, config.inference_batch, dev, feats_of,
+                             config.stack, progress=config.progress)
+    if out is not None and teachers[-1] is self_model:
+        before = _softmax_np(out.logits[-1])
+    else:
+        before = predict_probs(self_model, source, config.inference_batch, dev)
+    timings["teachers"] = time.perf_counter() - t0
+    student_model = _live_start(plan, before, config, notes, student is not None)
+    extra: dict[str, Any] = {}
+    if out is None:  # fedavg: θ_{t+1} as it is
+        model, targets = self_model.eval(), before
+    else:
+        targets, extra = _targets(plan, out.logits, out.features, config, u, skip_clr, before)
+        timings["clr"] = extra.pop("clr")
+        out.logits = out.features = None  # free (K, M, C) before distilling
+        t0 = time.perf_counter()
+        model = distill(student_model, source, targets, config.steps, config.batch_size,
+                        config.lr, config.seed, dev, config.variant, config.progress)
+        timings["distill"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    probs = before if not teachers else predict_probs(model, source, config.inference_batch, dev)
+    timings["predict"] = time.perf_counter() - t0
+    info = {"method": config.method, "variant": config.variant, "u_t": u,
+            "teachers": len(plan.locals_), "heterogeneous": plan.heterogeneous,
+            "notes": notes, "config": asdict(config)}
+    if "adaptive" in extra:
+        info.update(_trust_info(extra["adaptive"], probs, before))
+    return RefineResult(model.eval(), probs, targets, before, info, timings)
+
+
+def _live_start(plan: _Plan, before: np.ndarray, config: RefineConfig, notes: list[str],
+                student_given: bool) -> nn.Module:
+    """The model distillation starts from. A dead θ_{t+1} (the same output for every sample)
+    has zero gradients through its ReLUs and cannot be distilled back to life; the adaptive
+    method then starts from θ_t when it has one (a student the caller gave is kept)."""
+    if config.method != "adaptive" or student_given or plan.start is None \
+            or not input_independent(before):
+        return plan.student
+    notes.append("θ_{t+1} gives the same output for every sample (dead network): "
+                 "distillation starts from θ_t")
+    return copy.deepcopy(plan.start)
+
+
+def _notes(received, plan: _Plan, config: RefineConfig) -> tuple[list[str], bool]:
+    """What the output should say about the inputs, and whether MrTF's CLR is skipped."""
     notes = list(plan.notes)
     older = len(received.by_role("local")) - len(plan.locals_)
     if older:
@@ -282,36 +377,18 @@ def refine(received, source, config: RefineConfig | None = None,
     if skip_clr:
         notes.append(f"round {max(rounds)} < clr_min_round {config.clr_min_round}: "
                      "clustered label refinery skipped")
-    self_model = plan.agg if plan.agg is not None else plan.student
-    teachers = list(plan.locals_)
-    if config.method in ("st+rd", "mrtf"):
-        teachers += ([plan.start] if plan.start is not None else []) + [self_model]
-    elif config.method == "fedavg":
-        teachers = []
-    t0 = time.perf_counter()
-    out = None
-    if teachers:
-        feats_of = self_model if config.method == "mrtf" and not skip_clr else None
-        out = teacher_logits(teachers, source, config.inference_batch, dev, feats_of,
-                             config.stack, progress=config.progress)
-    if out is not None and teachers[-1] is self_model:
-        before = _softmax_np(out.logits[-1])
-    else:
-        before = predict_probs(self_model, source, config.inference_batch, dev)
-    timings["teachers"] = time.perf_counter() - t0
-    if out is None:  # fedavg: θ_{t+1} as it is
-        model, targets = self_model.eval(), before
-    else:
-        targets, timings["clr"] = _targets(plan, out.logits, out.features, config, u, skip_clr)
-        out.logits = out.features = None  # free (K, M, C) before distilling
-        t0 = time.perf_counter()
-        model = distill(plan.student, source, targets, config.steps, config.batch_size,
-                        config.lr, config.seed, dev, config.variant, config.progress)
-        timings["distill"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    probs = before if not teachers else predict_probs(model, source, config.inference_batch, dev)
-    timings["predict"] = time.perf_counter() - t0
-    info = {"method": config.method, "variant": config.variant, "u_t": u,
-            "teachers": len(plan.locals_), "heterogeneous": plan.heterogeneous,
-            "notes": notes, "config": asdict(config)}
-    return RefineResult(model.eval(), probs, targets, before, info, timings)
+    return notes, skip_clr
+
+
+def _trust_info(adaptive, probs: np.ndarray, before: np.ndarray) -> dict[str, Any]:
+    """The adaptive method's account: one line per source, and label-free accuracy estimates
+    of the refined and the averaged model under the consensus."""
+    info: dict[str, Any] = {"sources": [asdict(t) for t in adaptive.sources],
+                            "trust": [t.line() for t in adaptive.sources],
+                            "consensus_confidence": adaptive.confidence,
+                            "cluster_weight": adaptive.cluster_weight}
+    if adaptive.consensus is not None:
+        post = adaptive.consensus.posterior
+        info["estimated_accuracy"] = {"refined": estimated_accuracy(post, probs),
+                                      "averaged": estimated_accuracy(post, before)}
+    return info

@@ -19,7 +19,7 @@ from torch import nn
 
 from mrtf.device import pick_device
 from mrtf.errors import FusionError, InputError
-from mrtf.federated.local import has_batchnorm
+from mrtf.models import has_batchnorm
 from mrtf.refinery.cluster import prototypes
 from mrtf.refinery.distill import _batches, gather_rows
 

@@ -1,0 +1,161 @@
+"""The adaptive refinery (``--method adaptive``, the default): targets whose trust in every
+source is measured on the unlabeled target set, not fixed by Eq. 10's u_t.
+
+What it replaces, and why (measured on bench/label_quality.py, see README):
+
+- Eq. 10 mixes the local ensemble and the self-teachers θ_t, θ_{t+1} with
+  u_t = 0.25 + 0.75·L̄/log C, set by the parties' *reported* training loss. Low local loss puts
+  75 % of the target on θ_t and θ_{t+1} even when the average is poor (one-shot parties), and a
+  good average with poor specialist parties gets the reverse. Here every source (each local
+  model, θ_t, θ_{t+1}) is an annotator in a Dawid-Skene consensus (consensus.py): its
+  confusion matrix, learnt by EM on the target set, decides how much each of its votes counts.
+- Eq. 11-12 (the clustered label refinery) replaces the targets by nearest-prototype
+  assignments on θ_{t+1}'s features, always (after round 5). Here the clusters of θ_{t+1}'s
+  features are one more view with weight λ, set by how sure the models' own consensus is: when
+  the models agree with confidence (mean max posterior ≥ 0.99) the clusters barely count; when
+  the models leave the labels open, they count up to 3× a model.
+- θ_t and θ_{t+1} are one federation's model a round apart, not independent annotators: they
+  count 0.75 each (1.5 together), the local models 1 each. EM starts from the local models'
+  AvgProb (Eq. 7), the paper's ensemble.
+- A source whose output is the same for every sample (a dead network) carries no information:
+  it is left out; when no model is left, the targets are θ_{t+1}'s own predictions.
+
+The constants (starts, 0.75, λ's scale and cap) were chosen on the label-quality grid itself
+(24 received sets); there is no held-out grid, so read its numbers as in-sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mrtf.refinery.cluster import kmeans_view
+from mrtf.refinery.consensus import Consensus, confusion, dawid_skene
+
+#: λ = min(CLUSTER_CAP, (1 - confidence) / CLUSTER_SCALE), confidence = the models' consensus'
+#: mean max posterior. Chosen on the label-quality grid: clusters help where the models' own
+#: consensus is ≤ 0.9 sure (label:2 one-shot, 10 FedAvg rounds) and cost points where it is
+#: ≥ 0.96 sure (Dirichlet one-shot, 50 rounds).
+CLUSTER_SCALE = 0.05
+CLUSTER_CAP = 3.0
+#: total weight of the self-teachers θ_t and θ_{t+1} in the consensus (a local model counts 1)
+SELF_WEIGHT = 1.5
+
+
+@dataclass
+class SourceTrust:
+    """How much one source counted. estimated_accuracy: Σ_c ρ_c π[c, c] under the consensus
+    (None for the cluster view, whose answers are clusters, not classes)."""
+
+    name: str
+    weight: float
+    estimated_accuracy: float | None
+    reason: str
+
+    def line(self) -> str:
+        acc = "" if self.estimated_accuracy is None else \
+            f"estimated accuracy {self.estimated_accuracy:.3f}, "
+        return f"{self.name}: weight {self.weight:g}, {acc}{self.reason}"
+
+
+@dataclass
+class AdaptiveTargets:
+    """targets (M, C) float32: the consensus posterior. sources: one SourceTrust per source.
+    confidence: the models' consensus' mean max posterior (before the cluster view).
+    consensus: the final Consensus (None when no model was informative)."""
+
+    targets: np.ndarray
+    sources: list[SourceTrust] = field(default_factory=list)
+    confidence: float = 0.0
+    cluster_weight: float = 0.0
+    consensus: Consensus | None = None
+
+
+def input_independent(probs: np.ndarray, tol: float = 1e-6) -> bool:
+    """True when a model's target predictions (M, C) are the same for every sample: its
+    output no longer depends on the input (e.g. every ReLU of a layer is dead)."""
+    probs = np.asarray(probs)
+    return len(probs) > 1 and float(np.ptp(probs, axis=0).max()) <= tol
+
+
+def cluster_weight(confidence: float, scale: float = CLUSTER_SCALE,
+                   cap: float = CLUSTER_CAP) -> float:
+    """λ of the cluster view from the models' consensus confidence (see module docstring)."""
+    return float(min(cap, max(0.0, (1.0 - confidence) / scale)))
+
+
+def _verdict(acc: float, num_classes: int) -> str:
+    if acc >= 0.5:
+        return "trusted"
+    if acc >= 1.5 / num_classes:
+        return "partly trusted (its votes count by its confusion matrix)"
+    return "near chance: its votes carry almost no weight"
+
+
+def adaptive_targets(probs: np.ndarray, names: Sequence[str], self_probs: np.ndarray,
+                     features: np.ndarray | None, seed: int = 0,
+                     num_local: int | None = None) -> AdaptiveTargets:
+    """Targets from every source, weighted by what the target set says about each.
+
+    probs (S, M, C): the sources' stabilized softmax (Eq. 6), in the order of ``names``.
+    self_probs (M, C): θ_{t+1}'s (or the student's) softmax, the fall-back target.
+    features (M, D): θ_{t+1}'s features for the cluster view, or None (no cluster view).
+    num_local: how many of the sources (the first) are local models (default: all but the
+        last two, θ_t and θ_{t+1}).
+    """
+    m, c = probs.shape[1:]
+    num_local = max(1, len(probs) - 2) if num_local is None else num_local
+    live = [i for i in range(len(probs)) if not input_independent(probs[i])]
+    dead = [SourceTrust(names[i], 0.0, None, "left out: the same output for every sample "
+                        "(no information)") for i in range(len(probs)) if i not in live]
+    if not live:
+        return AdaptiveTargets(np.asarray(self_probs, np.float32), dead)
+    views = [probs[i] for i in live]
+    nl = sum(i < num_local for i in live)
+    init = np.mean(views[:nl] if nl else views, axis=0)  # the local models' AvgProb (Eq. 7)
+    # θ_t and θ_{t+1} are one federation's model a round apart, not two independent
+    # annotators: together they count 1.5 (0.75 each; 1 each let a confident average at
+    # chance outvote specialist parties, 0.5 each lost 2 points on mnist5k→mnistm5k)
+    w_models = [1.0 if i < num_local else SELF_WEIGHT / max(1, len(live) - nl) for i in live]
+    models = _consensus(views, init, w_models)
+    conf = models.mean_max_posterior
+    lam = cluster_weight(conf) if features is not None and m > c else 0.0
+    final = models
+    if lam > 0:
+        clusters = kmeans_view(features, 2 * c, seed)
+        final = _consensus(views + [clusters], init, w_models + [lam])
+    sources = []
+    for j, i in enumerate(live):
+        acc = final.estimated_accuracy(j)
+        sources.append(SourceTrust(names[i], w_models[j], acc, _verdict(acc, c)))
+    reason = (f"the models' consensus is {conf:.3f} sure (mean max posterior), so clusters of "
+              f"the averaged model's features count {lam:.2f}× a model")
+    if features is not None:
+        sources.append(SourceTrust("clusters", round(lam, 3), None, reason))
+    return AdaptiveTargets(final.posterior.astype(np.float32), sources + dead, conf, lam, final)
+
+
+def _consensus(views: list[np.ndarray], init: np.ndarray,
+               weights: list[float] | None = None) -> Consensus:
+    """Dawid-Skene from the sources' AvgProb (Eq. 7). EM can drift to its uninformative fixed
+    point (every confusion row alike, posterior = prior) when the votes are flat; a consensus
+    less sure than the AvgProb it started from is that case, and the AvgProb is kept. (On the
+    24 received sets of the label-quality grid EM always ended surer than it started. Starting
+    from several points and keeping the likeliest consensus was worse there: 0.606 against
+    0.627 mean target accuracy; the votes are not independent given the class, as the model
+    assumes, so its likelihood is a poor judge.)"""
+    out = dawid_skene(views, init, weights)
+    if out.mean_max_posterior >= float(init.max(1).mean()):
+        return out
+    prior = init.sum(0) / init.sum()
+    return Consensus(init.astype(np.float64), prior, [confusion(init, v) for v in views], 0,
+                     out.log_likelihood)
+
+
+def estimated_accuracy(consensus_posterior: np.ndarray, probs: np.ndarray) -> float:
+    """mean_x T(x, argmax_c p(x)): the accuracy a model's labels would have if the consensus
+    posterior T were the truth; a label-free score to compare two models on the target set."""
+    pick = np.asarray(probs).argmax(1)
+    return float(np.asarray(consensus_posterior)[np.arange(len(pick)), pick].mean())
