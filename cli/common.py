@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import functools
 import json
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -13,18 +15,49 @@ import click
 from mrtf.errors import FusionError, InputError
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised like KeyboardInterrupt so that every ``finally`` (temporary files,
+    locks) runs before the process ends."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
 class MrtfGroup(click.Group):
-    """A click group that turns bad input into one line on stderr and exit code 2."""
+    """A click group that turns bad input into one line on stderr and exit code 2.
+
+    SIGINT and SIGTERM unwind the command (its unfinished outputs are removed) and exit with
+    130 and 143.
+    """
 
     def invoke(self, ctx: click.Context) -> Any:
+        old = None
+        if threading.current_thread() is threading.main_thread():
+            old = signal.signal(signal.SIGTERM, _raise_terminated)
         try:
             return super().invoke(ctx)
         except (InputError, FusionError) as exc:
             click.echo(f"mrtf: error: {exc}", err=True)
             ctx.exit(2)
         except KeyboardInterrupt:
-            click.echo("mrtf: interrupted; nothing was written", err=True)
+            click.echo("mrtf: interrupted; unfinished outputs were removed", err=True)
             ctx.exit(130)
+        except Terminated:
+            click.echo("mrtf: terminated; unfinished outputs were removed", err=True)
+            ctx.exit(143)
+        finally:
+            if old is not None:
+                signal.signal(signal.SIGTERM, old)
+
+
+def run_guarded(work: Callable[[], Any]) -> Any:
+    """Run the heavy part of a command; running out of memory becomes one line."""
+    try:
+        return work()
+    except MemoryError:
+        raise InputError("ran out of memory (the data or the models are too large for this "
+                         "machine); nothing was written") from None
 
 
 def output_options(func: Callable) -> Callable:

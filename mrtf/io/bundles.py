@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, safe_open, save_file
+from safetensors.torch import load_file, safe_open, save
 from torch import nn
 
 from mrtf.errors import InputError
@@ -170,17 +170,27 @@ class ReceivedModel:
 
 
 def save_bundle(path: str | os.PathLike, model: nn.Module | dict[str, torch.Tensor],
-                meta: BundleMeta) -> Path:
+                meta: BundleMeta, atomic: bool = True, require_finite: bool = False) -> Path:
     """Write ``model`` (a module or a state dict) with ``meta`` as a ``.safetensors`` bundle.
 
-    The file is written beside the target and renamed into place.
+    The file is written beside the target and renamed into place (``atomic=False``: ``path``
+    is already a temporary file). With ``require_finite`` (the CLI's outputs), weights that
+    are not finite are refused: such a model could not be received again. (Tests write
+    broken bundles on purpose, hence the default.)
     """
     state = model.state_dict() if isinstance(model, nn.Module) else model
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}
     meta.validate(str(path))
+    for key, t in tensors.items() if require_finite else ():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise InputError(f"{path}: the model to write has NaN or infinite weights "
+                             f"({key}); not written")
+    # serialise in memory and write the bytes ourselves: safetensors' save_file keeps its
+    # own temporary file, which a killed run would leave behind
+    data = save(tensors, metadata=meta.to_header())
     out = Path(path)
-    with atomic_path(out) as tmp:
-        save_file(tensors, str(tmp), metadata=meta.to_header())
+    with atomic_path(out, atomic) as tmp:
+        tmp.write_bytes(data)
     return out
 
 
