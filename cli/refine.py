@@ -100,6 +100,7 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, outs: Outputs,
                        clr_iterations=opts["clr_iterations"],
                        clr_min_round=opts["clr_min_round"], seed=opts["seed"],
                        device=opts["device"], progress=out.progress)
+    probe_outputs(rs, source, student)
     # the refined model's metadata must be writable: find out now, not after the work
     refined_meta(rs, student_meta, cfg.method, {}).validate("the refined model's metadata")
     local = rs.by_role("local")
@@ -141,6 +142,26 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, outs: Outputs,
                  "accuracy": scores or None, "timings": result.timings,
                  "labels": str(labels_out) if labels_out else None,
                  "model": str(model_out) if model_out else None})
+
+
+def probe_outputs(rs: ReceivedSet, source: H5Dataset, student: Any = None,
+                  rows: int = 256) -> None:
+    """Every model on the first rows of the data: finite logits of the right width, or one
+    line now (weights and data that overflow float32 otherwise fail deep inside the work)."""
+    import torch
+
+    x = torch.from_numpy(np.ascontiguousarray(source.read(0, rows)))
+    named = [(m.path.name, m.build, m.meta.num_classes) for m in rs.models]
+    if student is not None:
+        named.append(("the student", lambda: student, rs.num_classes))
+    for name, build, classes in named:
+        net = build()
+        check_fits(net, name, source, classes, "cpu")
+        with torch.inference_mode():
+            logits = net.eval()(x)
+        if not bool(torch.isfinite(logits).all()):
+            raise InputError(f"{name}: its outputs on {source.path.name} are not finite (its "
+                             "weights or the data overflow float32)")
 
 
 def _estimated_bytes(rs: ReceivedSet, m: int, labels_out: Path | None,

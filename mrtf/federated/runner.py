@@ -44,7 +44,7 @@ from mrtf.federated.methods import (
     sub_seed,
 )
 from mrtf.federated.simulate import Federation, SimulationConfig, prepare_federation
-from mrtf.io.atomic import atomic_path
+from mrtf.io.atomic import atomic_path, is_temp_name
 
 LOCAL_ALGORITHMS = ("fedavg", "fedprox", "scaffold")
 VARIANTS = ("paper", "reference")
@@ -391,6 +391,11 @@ def prepare_out(cfg: RunConfig, out: Path, resume: bool, force: bool) -> bool:
             raise InputError(f"{out} holds a different run (differs in {', '.join(diff[:3])}); "
                              "use the same settings with --resume, or --force to replace it")
         return True
+    if out.exists():
+        # temporary files of a killed earlier run are ours: removed, never a reason to refuse
+        for stray in out.iterdir():
+            if is_temp_name(stray.name) and stray.is_file() and not stray.is_symlink():
+                stray.unlink(missing_ok=True)
     if out.exists() and any(out.iterdir()):
         if not force:
             raise InputError(f"{out} is not empty; choose a new directory, --resume a run "
