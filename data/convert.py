@@ -66,6 +66,8 @@ def _load_npy(p: Path) -> np.ndarray:
             _check_header(str(p), fp, os.fstat(fp.fileno()).st_size)
             fp.seek(0)
             return np.load(fp, allow_pickle=False)
+    except InputError:  # a ValueError too: ours, already one clear line
+        raise
     except (ValueError, OSError, EOFError) as exc:
         raise InputError(f"{p}: unreadable array file ({_first_line(exc)})") from None
 
@@ -89,6 +91,8 @@ def _load_npz(p: Path) -> tuple[np.ndarray, np.ndarray | None]:
                         _check_header(source, fp, members[key].file_size)
                     with z.open(members[key]) as fp:
                         arrays[key] = np.lib.format.read_array(fp, allow_pickle=False)
+    except InputError:  # a ValueError too: ours, already one clear line
+        raise
     except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as exc:
         raise InputError(f"{p}: not a readable .npz archive (truncated or corrupt: "
                          f"{_first_line(exc)})") from None

@@ -61,6 +61,13 @@ class Outputs:
 
     def _claim(self, target: Path) -> None:
         self._make_parent(target.parent)
+        try:  # the final rename would fail on a name the file system cannot hold
+            limit = os.pathconf(target.parent, "PC_NAME_MAX")
+        except (OSError, ValueError):
+            limit = 255
+        if len(os.fsencode(target.name)) > limit:
+            raise OutputError(f"{target.name[:40]}...: file name too long "
+                              f"({len(os.fsencode(target.name))} bytes, at most {limit} here)")
         self._lock(target)
         for stale in stale_temps(target):
             stale.unlink(missing_ok=True)
@@ -175,13 +182,22 @@ def check_distinct(targets: Sequence[Path], inputs: Sequence[Path], force: bool)
                               "would overwrite the other")
         seen[key] = out
         for inp in inputs:
-            if key == _canonical(inp) or (out.exists() and inp.exists() and _same(out, inp)):
+            if key == _canonical(inp) or (_exists(out) and _exists(inp) and _same(out, inp)):
                 raise OutputError(f"{out}: output would overwrite an input file")
-        if out.is_symlink() or out.exists():
+        if _exists(out):
             if out.is_dir():
                 raise OutputError(f"{out} is a directory, not a file")
             if not force:
                 raise OutputError(f"{out} exists; pass --force to replace it")
+
+
+def _exists(p: Path) -> bool:
+    """Whether anything (a dangling link too) is at ``p``; False for an impossible name."""
+    try:
+        os.lstat(p)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def _canonical(p: Path) -> Path:

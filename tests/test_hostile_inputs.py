@@ -1,0 +1,401 @@
+"""Hostile inputs (issue 11): each is refused with one line on stderr and exit code 2, no
+traceback, and nothing written (no output, no temporary or lock file), or accepted with a
+warning and a documented conversion.
+
+Every hostile file is built on the fly and is small (the largest, the zip bomb, is ~2 MB on
+disk). Cases whose old failure was memory exhaustion run together in one subprocess whose
+address space is capped with ``resource.setrlimit(RLIMIT_AS)`` (2 GiB; importing torch, faiss
+and h5py needs ~1.5 GiB of address space), so a regression fails the test instead of the
+machine. The others run in-process through click's CliRunner.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import save_file
+
+from mrtf.cli.main import cli
+from mrtf.io import LabelSet, write_dataset, write_labels
+from mrtf.models import build_model
+
+KW = {"in_channels": 1, "image_size": 8}
+HEAD = {"mrtf.arch": "lenet", "mrtf.num_classes": "10", "mrtf.arch_kwargs": json.dumps(KW),
+        "mrtf.role": "local", "mrtf.label_counts": json.dumps([5] * 10),
+        "mrtf.n_samples": "50", "mrtf.train_loss": "1.0", "mrtf.round": "1"}
+M = 64  # target samples
+AS_LIMIT = 2 << 30  # address-space cap of the memory cases' subprocess
+
+
+# ------------------------------------------------------------------ shared valid inputs
+
+
+def lenet_state(seed: int = 0) -> dict[str, torch.Tensor]:
+    torch.manual_seed(seed)
+    return build_model("lenet", 10, **KW).state_dict()
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    """Two valid LeNet parties, a target set (x, y, ids) and a labels file for it."""
+    root = tmp_path_factory.mktemp("hostile-base")
+    (root / "recv").mkdir()
+    for k in range(2):
+        save_file(lenet_state(k), str(root / "recv" / f"p{k}.safetensors"),
+                  metadata={**HEAD, "mrtf.party": f"p{k}"})
+    rng = np.random.default_rng(0)
+    write_dataset(root / "target.h5", rng.random((M, 1, 8, 8), dtype=np.float32),
+                  rng.integers(0, 10, M), ids=np.arange(M))
+    probs = rng.random((M, 10)).astype(np.float32)
+    write_labels(root / "labels.h5", LabelSet.from_probs(probs / probs.sum(1, keepdims=True)),
+                 "test", {}, ["p0"])
+    return root
+
+
+def party(path: Path, head: dict | None = None, state: dict | None = None) -> Path:
+    """A safetensors party file with header keys replaced (None removes a key)."""
+    meta = {k: v for k, v in {**HEAD, **(head or {})}.items() if v is not None}
+    save_file(lenet_state() if state is None else state, str(path), metadata=meta)
+    return path
+
+
+def recv_with(w: Path, base: Path, name: str = "evil.safetensors", **kw) -> Path:
+    """A copy of the valid received directory plus one hostile party."""
+    d = w / "recv"
+    d.mkdir()
+    for p in (base / "recv").iterdir():
+        (d / p.name).write_bytes(p.read_bytes())
+    if kw is not None:
+        party(d / name, **kw)
+    return d
+
+
+def refine_args(recv: Path, data: Path, w: Path) -> list[str]:
+    return ["refine", str(recv), "--data", str(data), "--labels", str(w / "out" / "l.h5"),
+            "--model", str(w / "out" / "m.safetensors"), "--steps", "2", "-q"]
+
+
+def label_args(model: Path, data: Path, w: Path) -> list[str]:
+    return ["label", str(model), "--data", str(data), "--labels", str(w / "out" / "l.h5"), "-q"]
+
+
+def scaled(value: float, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    return {k: (torch.full_like(v, value, dtype=dtype) if v.is_floating_point() else v)
+            for k, v in lenet_state().items()}
+
+
+def cast(dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    return {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in lenet_state().items()}
+
+
+def target(w: Path, x: np.ndarray, name: str = "t.h5") -> Path:
+    with h5py.File(w / name, "w") as f:
+        f["x"] = x
+    return w / name
+
+
+# ------------------------------------------------------------------ hostile file builders
+
+
+def zip_bomb(path: Path, unpacked: int = 2 << 30) -> Path:
+    """A torch-style zip whose one entry inflates ``unpacked`` zero bytes from ~2 MB: the
+    deflate output of a fully flushed 1 MiB block of zeros repeats, so it is built without
+    compressing 2 GiB (the CRC is not computed; the size check must refuse it first)."""
+    co = zlib.compressobj(9, zlib.DEFLATED, -15)
+    block = co.compress(bytes(1 << 20)) + co.flush(zlib.Z_FULL_FLUSH)
+    data = block * (unpacked >> 20) + co.flush()
+    entries = [("archive/data.pkl", b"\x80\x02}q\x00.", 0), ("archive/data/0", data, 8)]
+    out, central = bytearray(), bytearray()
+    for name, payload, method in entries:
+        size = len(payload) if method == 0 else unpacked
+        crc = zlib.crc32(payload) if method == 0 else 0
+        fields = (20, 0, method, 0, 0x21, crc, len(payload), size, len(name), 0)
+        central += struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 20, *fields, 0, 0, 0, 0,
+                               len(out)) + name.encode()
+        out += struct.pack("<IHHHHHIIIHH", 0x04034B50, *fields) + name.encode() + payload
+    out += central + struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, len(entries), len(entries),
+                                 len(central), len(out), 0)
+    path.write_bytes(bytes(out))
+    path.with_suffix(".json").write_text(json.dumps(HEAD))
+    return path
+
+
+def npy_header_only(path: Path, shape: tuple[int, ...]) -> Path:
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(
+            f, {"descr": "<f4", "fortran_order": False, "shape": shape})
+        f.write(bytes(64))
+    return path
+
+
+def png_header_only(path: Path, width: int, height: int) -> Path:
+    """A PNG that declares width × height pixels and holds none (PIL reads the header)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(
+            ">I", zlib.crc32(kind + data))
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr)
+                     + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b""))
+    return path
+
+
+def virtual_rows(w: Path, rows: int) -> Path:
+    layout = h5py.VirtualLayout(shape=(rows, 1, 8, 8), dtype="f4")
+    layout[0:4] = h5py.VirtualSource(str(w / "absent.h5"), "x", shape=(4, 1, 8, 8))
+    with h5py.File(w / "vds.h5", "w") as f:
+        f.create_virtual_dataset("x", layout, fillvalue=0)
+    return w / "vds.h5"
+
+
+def corrupt_chunks(w: Path) -> Path:
+    path = w / "corrupt.h5"
+    x = np.random.default_rng(0).random((M, 1, 8, 8), dtype=np.float32)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=x, chunks=(16, 1, 8, 8), compression="gzip")
+        offsets = [f["x"].id.get_chunk_info(i) for i in range(f["x"].id.get_num_chunks())]
+    with open(path, "r+b") as fh:
+        for info in offsets:
+            fh.seek(info.byte_offset + 8)
+            fh.write(b"\xff" * 64)
+    return path
+
+
+def truth(w: Path, y: np.ndarray) -> Path:
+    with h5py.File(w / "truth.h5", "w") as f:
+        f["x"] = np.zeros((M, 1, 8, 8), np.float32)
+        f["y"] = y
+    return w / "truth.h5"
+
+
+def link(w: Path, base: Path, to: str | Path, name: str = "link.safetensors") -> list[str]:
+    recv = recv_with(w, base, head=None)
+    (recv / "evil.safetensors").unlink()
+    os.symlink(to, recv / name)
+    return refine_args(recv, base / "target.h5", w)
+
+
+# ------------------------------------------------------------------ the cases
+
+
+@dataclass
+class Case:
+    id: str
+    build: Callable[[Path, Path], list[str]]  # (workspace, base) → mrtf arguments
+    message: str  # in the one stderr line
+    memory: bool = False  # its old failure exhausted memory: run under RLIMIT_AS
+
+
+def _overflow_party(w: Path, base: Path) -> list[str]:
+    recv = recv_with(w, base, state=scaled(9e5))
+    return refine_args(recv, target(w, np.full((M, 1, 8, 8), 9e5, np.float32)), w)
+
+
+REFUSED = [
+    # memory exhaustion from metadata (bounded before anything is built)
+    Case("image_size-3000-inspect", lambda w, b: [
+        "inspect", str(party(w / "big.safetensors", {"mrtf.arch_kwargs": json.dumps(
+            {"in_channels": 1, "image_size": 3000})}))], "image_size must be in [1, 512]", True),
+    Case("image_size-3000-refine", lambda w, b: refine_args(recv_with(w, b, head={
+        "mrtf.arch_kwargs": '{"in_channels": 1, "image_size": 3000}'}), b / "target.h5", w),
+         "image_size must be in [1, 512]", True),
+    Case("image_size-3000-label", lambda w, b: label_args(party(w / "big.safetensors", {
+        "mrtf.arch_kwargs": '{"in_channels": 1, "image_size": 3000}'}), b / "target.h5", w),
+         "image_size must be in [1, 512]", True),
+    Case("in_channels-1e6", lambda w, b: ["inspect", str(party(w / "c.safetensors", {
+        "mrtf.arch_kwargs": '{"in_channels": 1000000, "image_size": 8}'}))],
+         "in_channels must be in [1, 64]", True),
+    Case("parameters-over-cap", lambda w, b: ["inspect", str(party(w / "mlp.safetensors", {
+        "mrtf.arch": "mlp", "mrtf.arch_kwargs": '{"in_channels": 64, "image_size": 512}'}))],
+         "parameters, more than the 50,000,000 allowed", True),
+    Case("declared-shape-mismatch", lambda w, b: ["inspect", str(party(
+        w / "s.safetensors", state={**lenet_state(), "classifier.4.weight": torch.zeros(3, 84)}
+    ))], "classifier.4.weight has shape (3, 84)", True),
+    Case("zip-bomb-pt", lambda w, b: ["inspect", str(zip_bomb(w / "bomb.pt"))],
+         "unpacks to 2.0 GiB, more than the 1.0 GiB allowed", True),
+    Case("virtual-dataset-1e8-rows", lambda w, b: refine_args(
+        b / "recv", virtual_rows(w, 10**8), w), "'x' is a virtual dataset", True),
+    Case("npy-header-1e12-floats", lambda w, b: [
+        "convert", str(npy_header_only(w / "x.npy", (10**12,))), str(w / "out" / "d.h5")],
+         "the header declares 3.6 TiB of data but the file holds 64 B", True),
+    Case("png-30000x30000", lambda w, b: [
+        "convert", str(png_header_only((w / "imgs").mkdir() or w / "imgs" / "a.png",
+                                       30000, 30000).parent), str(w / "out" / "d.h5")],
+         "image too large", True),
+    # tracebacks
+    Case("n_samples-1e400", lambda w, b: refine_args(recv_with(w, b, head={
+        "mrtf.n_samples": "1" + "0" * 400, "mrtf.label_counts": None}), b / "target.h5", w),
+         "malformed metadata: integer of 401 characters is out of range"),
+    Case("hdf5-corrupt-chunks-refine", lambda w, b: refine_args(
+        b / "recv", corrupt_chunks(w), w), "cannot read 'x' (corrupt or truncated file"),
+    Case("hdf5-corrupt-chunks-label", lambda w, b: label_args(
+        b / "recv" / "p0.safetensors", corrupt_chunks(w), w), "cannot read 'x'"),
+    Case("x-huge-finite-1e30", lambda w, b: refine_args(b / "recv", target(
+        w, np.full((M, 1, 8, 8), 1e30, np.float32)), w), "'x' holds values up to 1e+30"),
+    Case("score-y-1e12", lambda w, b: ["score", str(b / "labels.h5"), "--truth", str(
+        truth(w, np.full(M, 10**12, np.int64)))], "'y' holds 1000000000000..1000000000000, "
+         "outside the 10 classes"),
+    Case("score-y-negative", lambda w, b: ["score", str(b / "labels.h5"), "--truth", str(
+        truth(w, np.full(M, -5, np.int64)))], "'y' holds -5..-5, outside the 10 classes"),
+    # exit 0 with garbage before
+    Case("f64-weights-1e300", lambda w, b: refine_args(recv_with(
+        w, b, state=scaled(1e300, torch.float64)), b / "target.h5", w),
+         "holds values up to 1e+300"),
+    Case("f32-weights-3e38", lambda w, b: refine_args(recv_with(
+        w, b, state=scaled(3e38)), b / "target.h5", w), "holds values up to 3e+38"),
+    Case("x-3e38", lambda w, b: label_args(b / "recv" / "p0.safetensors", target(
+        w, np.full((M, 1, 8, 8), 3e38, np.float32)), w), "'x' holds values up to 3e+38"),
+    Case("outputs-overflow-refine", _overflow_party, "its outputs on t.h5 are not finite"),
+    Case("outputs-overflow-label", lambda w, b: label_args(party(
+        w / "o.safetensors", state=scaled(9e5)), target(
+        w, np.full((M, 1, 8, 8), 9e5, np.float32)), w),
+         "the model's outputs are not finite for 64 of 64 samples"),
+    # silently accepted before
+    Case("int8-weights", lambda w, b: refine_args(recv_with(
+        w, b, state=cast(torch.int8)), b / "target.h5", w), "is stored as int8; weights must "
+         "be floating point"),
+    Case("bool-weights", lambda w, b: refine_args(recv_with(
+        w, b, state=cast(torch.bool)), b / "target.h5", w), "is stored as bool"),
+    Case("x-int64", lambda w, b: refine_args(b / "recv", target(
+        w, np.ones((M, 1, 8, 8), np.int64)), w), "'x' has dtype int64"),
+    Case("round-1e400", lambda w, b: refine_args(recv_with(w, b, head={
+        "mrtf.round": "1" + "0" * 400}), b / "target.h5", w), "malformed metadata"),
+    Case("round-over-cap", lambda w, b: refine_args(recv_with(w, b, head={
+        "mrtf.round": str(10**7)}), b / "target.h5", w), "mrtf.round must be in [0, 1000000]"),
+    Case("n_samples-disagrees", lambda w, b: refine_args(recv_with(w, b, head={
+        "mrtf.n_samples": "51"}), b / "target.h5", w),
+         "mrtf.n_samples (51) disagrees with the sum of mrtf.label_counts (50)"),
+    Case("n_samples-zero", lambda w, b: refine_args(recv_with(w, b, head={
+        "mrtf.n_samples": "0", "mrtf.label_counts": None}), b / "target.h5", w),
+         "mrtf.n_samples must be in [1, 1000000000000], got 0"),
+    Case("label_counts-all-zero", lambda w, b: refine_args(recv_with(w, b, head={
+        "mrtf.n_samples": None, "mrtf.label_counts": json.dumps([0] * 10)}),
+        b / "target.h5", w), "mrtf.label_counts are all zero"),
+    Case("train_loss-negative", lambda w, b: refine_args(recv_with(w, b, head={
+        "mrtf.train_loss": "-1.5"}), b / "target.h5", w),
+         "mrtf.train_loss must be a finite number in [0, 1e+06], got -1.5"),
+    Case("symlink-to-dev-zero", lambda w, b: link(w, b, "/dev/zero"), "a symbolic link"),
+    Case("symlink-loop", lambda w, b: link(w, b, "link.safetensors"), "a symbolic link"),
+    Case("symlink-outside", lambda w, b: link(w, b, b / "recv" / "p0.safetensors"),
+         "a symbolic link"),
+    Case("fifo-entry", lambda w, b: (os.mkfifo(recv_with(w, b, head={}) / "f.safetensors")
+                                     or refine_args(w / "recv", b / "target.h5", w)),
+         "f.safetensors: not a regular file (a FIFO, socket or device)"),
+    Case("subdir-entry", lambda w, b: ((recv_with(w, b, head={}) / "d.safetensors").mkdir()
+                                       or refine_args(w / "recv", b / "target.h5", w)),
+         "d.safetensors: a directory"),
+    Case("model-arg-to-dev-zero", lambda w, b: (os.symlink("/dev/zero", w / "z.safetensors")
+                                                or label_args(w / "z.safetensors",
+                                                              b / "target.h5", w)),
+         "not a regular model file (a character device)"),
+    # silent data loss before
+    Case("labels-equals-model", lambda w, b: [
+        "refine", str(b / "recv"), "--data", str(b / "target.h5"), "--labels",
+        str(w / "out" / "x"), "--model", str(w / "out" / "x"), "--steps", "2"],
+         "given as two outputs"),
+    Case("output-equals-input", lambda w, b: [
+        "label", str(b / "recv" / "p0.safetensors"), "--data", str(b / "target.h5"),
+        "--labels", str(b / "target.h5"), "--force"], "output would overwrite an input"),
+    # checked too late before
+    Case("output-parent-is-a-file", lambda w, b: (w / "afile").write_text("x") and [
+        *label_args(b / "recv" / "p0.safetensors", b / "target.h5", w)[:-3], "--labels",
+        str(w / "afile" / "l.h5")], "not a directory, cannot hold an output"),
+    Case("output-name-300-chars", lambda w, b: [
+        *label_args(b / "recv" / "p0.safetensors", b / "target.h5", w)[:-3], "--labels",
+        str(w / ("n" * 297 + ".h5"))], "file name too long (300 bytes, at most 255 here)"),
+    # convert
+    Case("npz-truncated", lambda w, b: (np.savez(w / "a.npz", x=np.zeros((8, 8, 8)))
+                                        or (w / "t.npz").write_bytes(
+                                            (w / "a.npz").read_bytes()[:300])) and [
+        "convert", str(w / "t.npz"), str(w / "out" / "d.h5")], "not a readable .npz archive"),
+    Case("npy-strings", lambda w, b: (np.save(w / "s.npy", np.array(["a", "bc"])) or [
+        "convert", str(w / "s.npy"), str(w / "out" / "d.h5")]), "holds <U2 values"),
+    Case("npz-string-y", lambda w, b: (np.savez(w / "a.npz", x=np.zeros((2, 8, 8)),
+                                                y=np.array(["cat", "dog"])) or [
+        "convert", str(w / "a.npz"), str(w / "out" / "d.h5")]), "a.npz[y]: holds <U3 values"),
+    # messages
+    Case("pickle-with-code-pt", lambda w, b: (torch.save({"w": torch.nn.Linear(2, 2)},
+                                                         w / "m.pt")
+                                              or (w / "m.json").write_text(json.dumps(HEAD))
+                                              and ["inspect", str(w / "m.pt")]),
+         "refused to load: the pickle holds objects other than tensors"),
+]
+
+
+def snapshot(root: Path) -> dict[str, int]:
+    """Every entry under ``root`` (hidden ones too, links not followed) with its size."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            out[str(p.relative_to(root))] = p.lstat().st_size if not p.is_dir() else -1
+    return out
+
+
+def assert_refused(code: int, stderr: str, output: str, message: str) -> None:
+    lines = stderr.strip().splitlines()
+    assert code == 2, (code, output)
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("mrtf: error: ") and message in lines[0], lines[0]
+    assert "Traceback" not in output and "weights_only=False" not in output
+
+
+@pytest.fixture(scope="module")
+def memory_results(base, tmp_path_factory) -> dict[str, dict]:
+    """Run every memory case in one subprocess under RLIMIT_AS (one torch import for all)."""
+    root = tmp_path_factory.mktemp("memory-cases")
+    plan = {}
+    for case in (c for c in REFUSED if c.memory):
+        w = root / case.id
+        w.mkdir()
+        args = case.build(w, base)
+        plan[case.id] = {"args": args, "dir": str(w), "before": snapshot(w)}
+    driver = f"""
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, ({AS_LIMIT}, {AS_LIMIT}))
+from click.testing import CliRunner
+from mrtf.cli.main import cli
+plan = json.load(open(sys.argv[1]))
+out = {{}}
+for key, item in plan.items():
+    res = CliRunner().invoke(cli, item["args"])
+    out[key] = {{"code": res.exit_code, "stderr": res.stderr, "output": res.output,
+                "exception": repr(res.exception)}}
+json.dump(out, open(sys.argv[2], "w"))
+"""
+    (root / "plan.json").write_text(json.dumps(plan))
+    proc = subprocess.run([sys.executable, "-c", driver, str(root / "plan.json"),
+                           str(root / "results.json")], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads((root / "results.json").read_text())
+    for key, item in plan.items():
+        results[key]["unchanged"] = snapshot(Path(item["dir"])) == item["before"]
+    return results
+
+
+@pytest.mark.parametrize("case", REFUSED, ids=[c.id for c in REFUSED])
+def test_refused(case: Case, base: Path, tmp_path: Path, memory_results) -> None:
+    if case.memory:
+        r = memory_results[case.id]
+        assert_refused(r["code"], r["stderr"], r["output"], case.message)
+        assert r["unchanged"], "the command wrote something"
+        return
+    args = case.build(tmp_path, base)
+    before, base_before = snapshot(tmp_path), snapshot(base)
+    res = CliRunner().invoke(cli, args)
+    assert_refused(res.exit_code, res.stderr, res.output, case.message)
+    assert snapshot(tmp_path) == before, "the command wrote something"
+    assert snapshot(base) == base_before
