@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import shutil
 import signal
 from collections.abc import Iterator, Sequence
@@ -135,6 +136,13 @@ class Outputs:
             yield self._tmp[target]
         except OSError as exc:
             raise OutputError(f"{target}: write failed ({exc.strerror or exc})") from None
+        except RuntimeError as exc:
+            # HDF5 reports a failed write(2) on flush/close as a RuntimeError that quotes the
+            # system's message; anything else is not a write failure and stays a bug
+            found = re.search(r"error message = '([^']*)'", str(exc))
+            if found is None:
+                raise
+            raise OutputError(f"{target}: write failed ({found.group(1)})") from None
 
     def commit(self) -> None:
         """Rename every output into place, with SIGINT/SIGTERM held off meanwhile."""
