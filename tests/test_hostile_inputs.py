@@ -75,13 +75,14 @@ def party(path: Path, head: dict | None = None, state: dict | None = None) -> Pa
     return path
 
 
-def recv_with(w: Path, base: Path, name: str = "evil.safetensors", **kw) -> Path:
-    """A copy of the valid received directory plus one hostile party."""
+def recv_with(w: Path, base: Path, name: str | None = "evil.safetensors", **kw) -> Path:
+    """A copy of the valid received directory plus one party ``name`` (None: none) built
+    with ``party(**kw)``."""
     d = w / "recv"
     d.mkdir()
     for p in (base / "recv").iterdir():
         (d / p.name).write_bytes(p.read_bytes())
-    if kw is not None:
+    if name is not None:
         party(d / name, **kw)
     return d
 
@@ -184,10 +185,67 @@ def truth(w: Path, y: np.ndarray) -> Path:
 
 
 def link(w: Path, base: Path, to: str | Path, name: str = "link.safetensors") -> list[str]:
-    recv = recv_with(w, base, head=None)
-    (recv / "evil.safetensors").unlink()
+    recv = recv_with(w, base, None)
     os.symlink(to, recv / name)
     return refine_args(recv, base / "target.h5", w)
+
+
+def in_recv(w: Path, base: Path, make: Callable[[Path], object]) -> list[str]:
+    """refine on the valid received directory plus whatever ``make(directory)`` adds."""
+    recv = recv_with(w, base)
+    make(recv)
+    return refine_args(recv, base / "target.h5", w)
+
+
+def png_folder(w: Path, width: int, height: int) -> Path:
+    (w / "imgs").mkdir()
+    png_header_only(w / "imgs" / "a.png", width, height)
+    return w / "imgs"
+
+
+def truncated_npz(w: Path) -> Path:
+    np.savez(w / "a.npz", x=np.zeros((8, 8, 8)))
+    (w / "t.npz").write_bytes((w / "a.npz").read_bytes()[:300])
+    return w / "t.npz"
+
+
+def saved(path: Path, array: np.ndarray) -> Path:
+    np.save(path, array)
+    return path
+
+
+def npz(path: Path, **arrays: np.ndarray) -> Path:
+    np.savez(path, **arrays)
+    return path
+
+
+def pickled_module_pt(w: Path) -> Path:
+    torch.save({"w": torch.nn.Linear(2, 2)}, w / "m.pt")  # a module: code, not tensors
+    (w / "m.json").write_text(json.dumps(HEAD))
+    return w / "m.pt"
+
+
+def dev_zero_model(w: Path) -> Path:
+    os.symlink("/dev/zero", w / "z.safetensors")
+    return w / "z.safetensors"
+
+
+def labels_into(w: Path, base: Path, path: Path) -> list[str]:
+    return ["label", str(base / "recv" / "p0.safetensors"), "--data", str(base / "target.h5"),
+            "--labels", str(path)]
+
+
+def parent_is_a_file(w: Path, base: Path) -> list[str]:
+    (w / "afile").write_text("x")
+    return labels_into(w, base, w / "afile" / "l.h5")
+
+
+def overflow_after_the_probe(w: Path, base: Path) -> list[str]:
+    """The first 256 rows (the probe) are fine, later ones overflow inside the refinery."""
+    recv = recv_with(w, base, state=scaled(1e5))
+    x = np.random.default_rng(0).random((320, 1, 8, 8), dtype=np.float32)
+    x[256:] = 9e5
+    return refine_args(recv, target(w, x), w) + ["--clr-min-round", "0"]
 
 
 # ------------------------------------------------------------------ the cases
@@ -234,8 +292,7 @@ REFUSED = [
         "convert", str(npy_header_only(w / "x.npy", (10**12,))), str(w / "out" / "d.h5")],
          "the header declares 3.6 TiB of data but the file holds 64 B", True),
     Case("png-30000x30000", lambda w, b: [
-        "convert", str(png_header_only((w / "imgs").mkdir() or w / "imgs" / "a.png",
-                                       30000, 30000).parent), str(w / "out" / "d.h5")],
+        "convert", str(png_folder(w, 30000, 30000)), str(w / "out" / "d.h5")],
          "image too large", True),
     # tracebacks
     Case("n_samples-1e400", lambda w, b: refine_args(recv_with(w, b, head={
@@ -261,6 +318,8 @@ REFUSED = [
     Case("x-3e38", lambda w, b: label_args(b / "recv" / "p0.safetensors", target(
         w, np.full((M, 1, 8, 8), 3e38, np.float32)), w), "'x' holds values up to 3e+38"),
     Case("outputs-overflow-refine", _overflow_party, "its outputs on t.h5 are not finite"),
+    Case("outputs-overflow-after-the-probe", overflow_after_the_probe,
+         "clustering failed on non-finite features"),
     Case("outputs-overflow-label", lambda w, b: label_args(party(
         w / "o.safetensors", state=scaled(9e5)), target(
         w, np.full((M, 1, 8, 8), 9e5, np.float32)), w),
@@ -293,15 +352,12 @@ REFUSED = [
     Case("symlink-loop", lambda w, b: link(w, b, "link.safetensors"), "a symbolic link"),
     Case("symlink-outside", lambda w, b: link(w, b, b / "recv" / "p0.safetensors"),
          "a symbolic link"),
-    Case("fifo-entry", lambda w, b: (os.mkfifo(recv_with(w, b, head={}) / "f.safetensors")
-                                     or refine_args(w / "recv", b / "target.h5", w)),
+    Case("fifo-entry", lambda w, b: in_recv(w, b, lambda d: os.mkfifo(d / "f.safetensors")),
          "f.safetensors: not a regular file (a FIFO, socket or device)"),
-    Case("subdir-entry", lambda w, b: ((recv_with(w, b, head={}) / "d.safetensors").mkdir()
-                                       or refine_args(w / "recv", b / "target.h5", w)),
+    Case("subdir-entry", lambda w, b: in_recv(w, b, lambda d: (d / "d.safetensors").mkdir()),
          "d.safetensors: a directory"),
-    Case("model-arg-to-dev-zero", lambda w, b: (os.symlink("/dev/zero", w / "z.safetensors")
-                                                or label_args(w / "z.safetensors",
-                                                              b / "target.h5", w)),
+    Case("model-arg-to-dev-zero", lambda w, b: label_args(dev_zero_model(w), b / "target.h5",
+                                                          w),
          "not a regular model file (a character device)"),
     # silent data loss before
     Case("labels-equals-model", lambda w, b: [
@@ -312,27 +368,20 @@ REFUSED = [
         "label", str(b / "recv" / "p0.safetensors"), "--data", str(b / "target.h5"),
         "--labels", str(b / "target.h5"), "--force"], "output would overwrite an input"),
     # checked too late before
-    Case("output-parent-is-a-file", lambda w, b: (w / "afile").write_text("x") and [
-        *label_args(b / "recv" / "p0.safetensors", b / "target.h5", w)[:-3], "--labels",
-        str(w / "afile" / "l.h5")], "not a directory, cannot hold an output"),
-    Case("output-name-300-chars", lambda w, b: [
-        *label_args(b / "recv" / "p0.safetensors", b / "target.h5", w)[:-3], "--labels",
-        str(w / ("n" * 297 + ".h5"))], "file name too long (300 bytes, at most 255 here)"),
+    Case("output-parent-is-a-file", parent_is_a_file, "not a directory, cannot hold an output"),
+    Case("output-name-300-chars", lambda w, b: labels_into(w, b, w / ("n" * 297 + ".h5")),
+         "file name too long (300 bytes, at most 255 here)"),
     # convert
-    Case("npz-truncated", lambda w, b: (np.savez(w / "a.npz", x=np.zeros((8, 8, 8)))
-                                        or (w / "t.npz").write_bytes(
-                                            (w / "a.npz").read_bytes()[:300])) and [
-        "convert", str(w / "t.npz"), str(w / "out" / "d.h5")], "not a readable .npz archive"),
-    Case("npy-strings", lambda w, b: (np.save(w / "s.npy", np.array(["a", "bc"])) or [
-        "convert", str(w / "s.npy"), str(w / "out" / "d.h5")]), "holds <U2 values"),
-    Case("npz-string-y", lambda w, b: (np.savez(w / "a.npz", x=np.zeros((2, 8, 8)),
-                                                y=np.array(["cat", "dog"])) or [
-        "convert", str(w / "a.npz"), str(w / "out" / "d.h5")]), "a.npz[y]: holds <U3 values"),
+    Case("npz-truncated", lambda w, b: [
+        "convert", str(truncated_npz(w)), str(w / "out" / "d.h5")], "not a readable .npz archive"),
+    Case("npy-strings", lambda w, b: [
+        "convert", str(saved(w / "s.npy", np.array(["a", "bc"]))), str(w / "out" / "d.h5")],
+         "holds <U2 values"),
+    Case("npz-string-y", lambda w, b: [
+        "convert", str(npz(w / "a.npz", x=np.zeros((2, 8, 8)), y=np.array(["cat", "dog"]))),
+        str(w / "out" / "d.h5")], "a.npz[y]: holds <U3 values"),
     # messages
-    Case("pickle-with-code-pt", lambda w, b: (torch.save({"w": torch.nn.Linear(2, 2)},
-                                                         w / "m.pt")
-                                              or (w / "m.json").write_text(json.dumps(HEAD))
-                                              and ["inspect", str(w / "m.pt")]),
+    Case("pickle-with-code-pt", lambda w, b: ["inspect", str(pickled_module_pt(w))],
          "refused to load: the pickle holds objects other than tensors"),
 ]
 
@@ -416,9 +465,7 @@ class Accepted:
 
 
 def _note_dir(w: Path, base: Path, make: Callable[[Path], object]) -> list[str]:
-    recv = recv_with(w, base, head={})
-    make(recv)
-    return refine_args(recv, base / "target.h5", w)[:-1]  # not quiet: warnings shown
+    return in_recv(w, base, make)[:-1]  # not quiet: warnings shown
 
 
 def _stale(w: Path, base: Path) -> list[str]:

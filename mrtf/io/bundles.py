@@ -270,6 +270,8 @@ def _read_pt(p: Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
     sidecar = p.with_suffix(".json")
     if not sidecar.exists() and not sidecar.is_symlink():
         raise InputError(f"{p}: a .pt model needs a {sidecar.name} sidecar with its mrtf.* keys")
+    if sidecar.is_symlink():  # as for the models: links beside received files are not followed
+        raise InputError(f"{sidecar}: a symbolic link; a sidecar must be a regular file")
     check_regular_file(sidecar, "sidecar", MAX_SIDECAR_BYTES)
     try:
         raw = json.loads(sidecar.read_text())
