@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, safe_open, save
+from safetensors.torch import save
 from torch import nn
 
 from mrtf.errors import InputError
@@ -28,14 +26,13 @@ from mrtf.io.limits import (
     MAX_COUNT,
     MAX_LOSS,
     MAX_ROUND,
-    MAX_SIDECAR_BYTES,
     bounded_float,
     bounded_int,
     check_regular_file,
-    check_zip_sizes,
     reference_shapes,
 )
-from mrtf.io.weights import ST_DTYPES, check_against_reference, normalise_weights
+from mrtf.io.readers import first_line, load_safetensors, peek_safetensors, read_pt
+from mrtf.io.weights import check_against_reference, normalise_weights
 from mrtf.models import build_model
 
 ROLES = ("local", "global", "refined")
@@ -98,7 +95,7 @@ class BundleMeta:
                        if k.startswith("mrtf.") and k[5:] not in _META_KEYS},
             )
         except (ValueError, TypeError, RecursionError) as exc:
-            raise bad(f"malformed metadata: {_first_line(exc)}") from None
+            raise bad(f"malformed metadata: {first_line(exc)}") from None
         meta.validate(source)
         return meta
 
@@ -206,10 +203,10 @@ def load_bundle(path: str | os.PathLike, trusted_archs: Collection[str] = ()) ->
     p = Path(path)
     check_regular_file(p, "model file")
     if p.suffix == ".safetensors":
-        head, found = _peek_safetensors(p)
+        head, found = peek_safetensors(p)
         state = None
     elif p.suffix == ".pt":
-        head, state = _read_pt(p)
+        head, state = read_pt(p)
         found = {k: (tuple(v.shape), v.dtype) for k, v in state.items()}
     else:
         raise InputError(f"{p}: unknown model file type (expected .safetensors or .pt + .json)")
@@ -224,7 +221,7 @@ def load_bundle(path: str | os.PathLike, trusted_archs: Collection[str] = ()) ->
         raise InputError(f"{p}: {exc}") from None
     check_against_reference(p, meta.arch, meta.num_classes, found, ref)
     if state is None:
-        state = _load_safetensors(p)
+        state = load_safetensors(p)
     state, notes = normalise_weights(p, state, ref)
     return ReceivedModel(path=p, meta=meta, state_dict=state, notes=notes)
 
@@ -238,78 +235,6 @@ def check_state(p: Path, meta: BundleMeta, state: dict[str, torch.Tensor]) -> No
     check_against_reference(p, meta.arch, meta.num_classes,
                             {k: (tuple(v.shape), v.dtype) for k, v in state.items()}, ref)
     normalise_weights(p, state, ref)
-
-
-_SAFETENSORS_ERRORS = (SafetensorError, OSError, ValueError, RuntimeError, TypeError)
-
-
-def _peek_safetensors(p: Path) -> tuple[dict[str, str], dict[str, tuple]]:
-    """Metadata and (shape, dtype) of every tensor, from the header alone."""
-    try:
-        with safe_open(str(p), framework="pt") as f:
-            head = dict(f.metadata() or {})
-            found = {}
-            for key in f.keys():
-                sl = f.get_slice(key)
-                found[key] = (tuple(sl.get_shape()), ST_DTYPES.get(sl.get_dtype()))
-    except _SAFETENSORS_ERRORS as exc:
-        raise InputError(f"{p}: corrupt or truncated safetensors file ({_first_line(exc)})"
-                         ) from None
-    return head, found
-
-
-def _load_safetensors(p: Path) -> dict[str, torch.Tensor]:
-    try:
-        return load_file(str(p))
-    except _SAFETENSORS_ERRORS as exc:
-        raise InputError(f"{p}: corrupt or truncated safetensors file ({_first_line(exc)})"
-                         ) from None
-
-
-def _read_pt(p: Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
-    sidecar = p.with_suffix(".json")
-    if not sidecar.exists() and not sidecar.is_symlink():
-        raise InputError(f"{p}: a .pt model needs a {sidecar.name} sidecar with its mrtf.* keys")
-    if sidecar.is_symlink():  # as for the models: links beside received files are not followed
-        raise InputError(f"{sidecar}: a symbolic link; a sidecar must be a regular file")
-    check_regular_file(sidecar, "sidecar", MAX_SIDECAR_BYTES)
-    try:
-        raw = json.loads(sidecar.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise InputError(f"{sidecar}: unreadable JSON ({_first_line(exc)})") from None
-    if not isinstance(raw, dict):
-        raise InputError(f"{sidecar}: must hold a JSON object")
-    try:
-        head = {(k if k.startswith("mrtf.") else f"mrtf.{k}"):
-                (v if isinstance(v, str) else json.dumps(v)) for k, v in raw.items()}
-    except (ValueError, RecursionError) as exc:
-        raise InputError(f"{sidecar}: unusable JSON values ({_first_line(exc)})") from None
-    # A zip whose entries unpack to more than the cap is a decompression bomb: refused from
-    # the zip's directory before torch inflates anything.
-    check_zip_sizes(p)
-    try:
-        # weights_only=True: the unpickler accepts tensors and plain containers only, so a
-        # pickle carrying code is refused before anything in it runs.
-        state = torch.load(str(p), map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        # torch's own message advises weights_only=False, the wrong advice for an untrusted
-        # file: say why it is refused instead.
-        raise InputError(f"{p}: refused to load: the pickle holds objects other than tensors "
-                         "and plain containers (possibly code); received files may hold "
-                         "tensors only (use a .safetensors file)") from None
-    except (RuntimeError, EOFError, OSError, ValueError, AttributeError, TypeError,
-            MemoryError) as exc:
-        raise InputError(f"{p}: refused to load (not a readable torch file: "
-                         f"{_first_line(exc)})") from None
-    if not isinstance(state, dict) or not all(
-            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
-        raise InputError(f"{p}: not a state dict of named tensors")
-    return head, state
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:160] if text else type(exc).__name__
 
 
 @dataclass
