@@ -283,11 +283,13 @@ def privatize(start: dict[str, torch.Tensor], state: dict[str, torch.Tensor], si
 
 
 def _save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
+    # bytes written by us into our temporary file: safetensors' save_file would keep a
+    # temporary file of its own, which a killed run leaves behind
+    data = save({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()})
     with atomic_path(path) as tmp:
-        save_file({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()},
-                  str(tmp))
+        tmp.write_bytes(data)
 
 
 def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
