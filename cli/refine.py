@@ -19,7 +19,7 @@ from mrtf.io.bundles import (
     save_bundle,
 )
 from mrtf.io.hdf5 import H5Dataset, LabelSet, read_labels, write_labels
-from mrtf.io.limits import MAX_ROUND
+from mrtf.io.limits import MAX_ROUND, check_memory
 from mrtf.io.outputs import Outputs
 from mrtf.models import build_model, image_kwargs
 from mrtf.refinery import METHODS, RefineConfig, accuracy_of, check_fits, predict_probs, refine
@@ -93,6 +93,12 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, outs: Outputs,
                       labels_out: Path | None, model_out: Path | None, opts: dict[str, Any],
                       out: Out) -> None:
     student, student_meta = load_student(rs, opts, source.sample_shape, out)
+    # the teachers' outputs (K × M × C logits, probabilities, targets) and the features of
+    # M samples are held in memory: a file declaring 10^8 rows is refused here, not by the OOM
+    # killer later
+    k, c, m = len(rs.models) + 1, rs.num_classes, len(source)
+    check_memory(m * (4 * k * c + 8 * c + _feature_dim(rs)) * 4,
+                 f"refining {m:,} samples with {k - 1} models and {c} classes")
     outs.check_space(_estimated_bytes(rs, len(source), labels_out, model_out))
     cfg = RefineConfig(method=opts["method"], variant=opts["variant"], tau=opts["tau"],
                        steps=500 if opts["steps"] is None else opts["steps"],
@@ -162,6 +168,12 @@ def probe_outputs(rs: ReceivedSet, source: H5Dataset, student: Any = None,
         if not bool(torch.isfinite(logits).all()):
             raise InputError(f"{name}: its outputs on {source.path.name} are not finite (its "
                              "weights or the data overflow float32)")
+
+
+def _feature_dim(rs: ReceivedSet) -> int:
+    """The widest classifier input of the received models (their feature vectors' size)."""
+    dims = [t.shape[1] for m in rs.models for t in m.state_dict.values() if t.dim() == 2]
+    return max(dims, default=512)
 
 
 def _estimated_bytes(rs: ReceivedSet, m: int, labels_out: Path | None,
@@ -250,6 +262,8 @@ def label(model: Path, data: Path, labels_out: Path, batch_size: int,
         with H5Dataset(data) as source:
             net = bundle.build()
             check_fits(net, bundle.path.name, source, bundle.meta.num_classes, "cpu")
+            check_memory(len(source) * bundle.meta.num_classes * 4 * 4,
+                         f"labeling {len(source):,} samples")
             outs.check_space({labels_out: len(source) * (bundle.meta.num_classes + 6) * 4})
             probs = run_guarded(lambda: predict_probs(net, source, batch_size, device))
             labels = LabelSet.from_probs(probs, source.ids())
@@ -274,18 +288,18 @@ def score(labels: Path, truth: Path, out: Out) -> None:
     """Score a LABELS file against the y of --truth."""
     predicted = read_labels(labels)
     with H5Dataset(truth) as ds:
+        if not ds.has_labels:
+            raise InputError(f"{truth}: has no 'y' to score against")
+        if len(ds) != len(predicted.labels):  # before reading y: its row count is declared
+            raise InputError(f"{labels} holds {len(predicted.labels)} labels but {truth} has "
+                             f"{len(ds)} samples")
         y, ids = ds.labels(), ds.ids()
-    if y is None:
-        raise InputError(f"{truth}: has no 'y' to score against")
     if predicted.ids is not None and ids is not None and (
             len(ids) != len(predicted.ids) or not np.array_equal(ids, predicted.ids)):
         raise InputError(f"{labels} and {truth} hold different sample ids")
     # the labels file says how many classes there are; a y outside them is refused, not
     # given a row of its own (y = 10^12 would ask for a 10^12 × 10^12 confusion matrix)
     c = predicted.probs.shape[1]
-    if len(y) != len(predicted.labels):
-        raise InputError(f"{labels} holds {len(predicted.labels)} labels but {truth} has "
-                         f"{len(y)} samples")
     if int(y.min()) < 0 or int(y.max()) >= c:
         raise InputError(f"{truth}: 'y' holds {int(y.min())}..{int(y.max())}, outside the "
                          f"{c} classes of {labels} (0..{c - 1})")

@@ -8,6 +8,8 @@ import numpy as np
 
 from mrtf.errors import InputError
 
+MAX_SCORE_CLASSES = 10_000
+
 
 def score_labels(labels: np.ndarray, truth: np.ndarray, num_classes: int | None = None
                  ) -> dict[str, Any]:
@@ -24,6 +26,8 @@ def score_labels(labels: np.ndarray, truth: np.ndarray, num_classes: int | None 
         if int(arr.min()) < 0:  # a negative index would silently count as class C - k
             raise InputError(f"{name} hold {int(arr.min())}; classes are 0, 1, ...")
     c = num_classes or int(max(labels.max(), truth.max())) + 1
+    if c > MAX_SCORE_CLASSES:  # the confusion matrix is c × c
+        raise InputError(f"{c:,} classes: too many to score (at most {MAX_SCORE_CLASSES:,})")
     for name, arr in (("labels", labels), ("true labels", truth)):
         if int(arr.max()) >= c:
             raise InputError(f"{name} hold class {int(arr.max())}, but there are only {c} "

@@ -164,6 +164,13 @@ def virtual_rows(w: Path, rows: int) -> Path:
     return w / "vds.h5"
 
 
+def declared_only(w: Path, shape: tuple[int, ...]) -> Path:
+    """A plain chunked dataset that declares ``shape`` and stores nothing (reads as zeros)."""
+    with h5py.File(w / "declared.h5", "w") as f:
+        f.create_dataset("x", shape=shape, dtype="f4", chunks=(1, *shape[1:]))
+    return w / "declared.h5"
+
+
 def corrupt_chunks(w: Path) -> Path:
     path = w / "corrupt.h5"
     x = np.random.default_rng(0).random((M, 1, 8, 8), dtype=np.float32)
@@ -175,6 +182,13 @@ def corrupt_chunks(w: Path) -> Path:
             fh.seek(info.byte_offset + 8)
             fh.write(b"\xff" * 64)
     return path
+
+
+def truth_declared(w: Path, rows: int) -> Path:
+    with h5py.File(w / "truth.h5", "w") as f:
+        f.create_dataset("x", shape=(rows, 1, 8, 8), dtype="f4", chunks=(1, 1, 8, 8))
+        f.create_dataset("y", shape=(rows,), dtype="i8", chunks=(1024,))
+    return w / "truth.h5"
 
 
 def truth(w: Path, y: np.ndarray) -> Path:
@@ -288,6 +302,18 @@ REFUSED = [
          "unpacks to 2.0 GiB, more than the 1.0 GiB allowed", True),
     Case("virtual-dataset-1e8-rows", lambda w, b: refine_args(
         b / "recv", virtual_rows(w, 10**8), w), "'x' is a virtual dataset", True),
+    Case("hdf5-1e8-rows-declared-refine", lambda w, b: refine_args(
+        b / "recv", declared_only(w, (10**8, 1, 8, 8)), w),
+         "refining 100,000,000 samples with 2 models and 10 classes needs about", True),
+    Case("hdf5-1e8-rows-declared-label", lambda w, b: label_args(
+        b / "recv" / "p0.safetensors", declared_only(w, (10**8, 1, 8, 8)), w),
+         "labeling 100,000,000 samples needs about", True),
+    Case("hdf5-sample-of-1e10-values", lambda w, b: refine_args(
+        b / "recv", declared_only(w, (4, 1, 100000, 100000)), w),
+         "one sample of 'x' holds 10,000,000,000 values", True),
+    Case("score-truth-1e10-rows-declared", lambda w, b: [
+        "score", str(b / "labels.h5"), "--truth", str(truth_declared(w, 10**10))],
+         "holds 64 labels but", True),
     Case("npy-header-1e12-floats", lambda w, b: [
         "convert", str(npy_header_only(w / "x.npy", (10**12,))), str(w / "out" / "d.h5")],
          "the header declares 3.6 TiB of data but the file holds 64 B", True),

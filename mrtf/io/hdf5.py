@@ -21,7 +21,13 @@ import numpy as np
 import mrtf
 from mrtf.errors import InputError
 from mrtf.io.atomic import atomic_path
-from mrtf.io.limits import MAX_ABS_X, MAX_CLASSES, check_regular_file
+from mrtf.io.limits import (
+    MAX_ABS_X,
+    MAX_CLASSES,
+    MAX_SAMPLE_VALUES,
+    check_memory,
+    check_regular_file,
+)
 
 
 def _open(path: str | os.PathLike) -> h5py.File:
@@ -84,6 +90,10 @@ class H5Dataset:
                              "converted) or uint8 pixels (scaled by 1/255)")
         if x.shape[0] == 0:
             raise InputError(f"{p}: 'x' is empty (0 samples)")
+        per_row = int(np.prod(x.shape[1:], dtype=np.float64))
+        if per_row > MAX_SAMPLE_VALUES:
+            raise InputError(f"{p}: one sample of 'x' holds {per_row:,} values, more than the "
+                             f"{MAX_SAMPLE_VALUES:,} any mrtf model takes")
         for key in ("y", "ids"):
             if key in f:
                 if not isinstance(f[key], h5py.Dataset) or f[key].ndim == 0:
@@ -310,6 +320,8 @@ def read_labels(path: str | os.PathLike) -> LabelSet:
                              or not 2 <= f["probs"].shape[1] <= MAX_CLASSES):
             raise InputError(f"{p}: 'probs' must be (M, C) with M = {lab.shape[0]} rows and "
                              f"2 <= C <= {MAX_CLASSES}, got {f['probs'].shape}")
+        declared = f["probs"].shape[1] if "probs" in f else 1
+        check_memory(lab.shape[0] * (declared + 3) * 8, f"reading {p.name}")
         with _reading(p, "labels"):
             raw = lab[:]
             probs = f["probs"][:].astype(np.float32) if "probs" in f else None
@@ -321,6 +333,7 @@ def read_labels(path: str | os.PathLike) -> LabelSet:
                          f"the classes 0..{c - 1}")
     labels = raw.astype(np.int64)
     if probs is None:
+        check_memory(len(labels) * (int(labels.max()) + 1) * 4, f"expanding {p.name}")
         probs = np.eye(int(labels.max()) + 1, dtype=np.float32)[labels]
     return LabelSet(labels=labels, probs=probs, ids=ids, attrs=attrs)
 

@@ -144,3 +144,39 @@ def bounded_float(value: float, name: str, low: float, high: float) -> float:
         raise InputError(f"{name} must be a finite number in [{low:g}, {high:g}], "
                          f"got {str(value)[:24]}")
     return value
+
+
+MAX_SAMPLE_VALUES = 64 * 512 * 512  # one sample of x: the largest input a zoo model may take
+
+
+def available_memory() -> int:
+    """Bytes this process may still allocate, roughly: the kernel's MemAvailable, capped by an
+    address-space limit (RLIMIT_AS) when one is set."""
+    import resource
+
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError):
+        pass
+    if avail is None:
+        try:
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError):
+            avail = 1 << 62
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        avail = min(avail, soft)
+    return avail
+
+
+def check_memory(needed: int, what: str) -> None:
+    """Refuse, before the work, a job whose arrays cannot fit in memory."""
+    avail = available_memory()
+    if needed > avail:
+        raise InputError(f"{what} needs about {human_bytes(needed)} of memory, more than the "
+                         f"{human_bytes(avail)} available")
