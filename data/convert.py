@@ -166,14 +166,18 @@ def load_image_folder(folder: str | os.PathLike, image_size: int | None = None,
                 with Image.open(f) as im:
                     w, h = im.size
                     if w * h > MAX_IMAGE_PIXELS:
-                        raise Image.DecompressionBombError(f"{w}×{h} pixels")
+                        raise InputError(f"{f}: image too large ({w}×{h} pixels declared; at "
+                                         f"most {MAX_IMAGE_PIXELS:,})")
                     im = im.convert(mode or ("L" if im.mode in ("L", "1", "P") else "RGB"))
                     if image_size is not None:
                         im = im.resize((image_size, image_size), Image.BILINEAR)
                     images.append(np.asarray(im, dtype=np.uint8))
-        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-            raise InputError(f"{f}: image too large ({_first_line(exc)}; at most "
-                             f"{MAX_IMAGE_PIXELS:,} pixels)") from None
+        except InputError:  # a ValueError too: ours, already one clear line
+            raise
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+            # PIL's own cap (checked when opening) is higher than ours but can fire first
+            raise InputError(f"{f}: image too large (more than {MAX_IMAGE_PIXELS:,} pixels "
+                             "declared; a decompression bomb?)") from None
         except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
             raise InputError(f"{f}: unreadable image ({_first_line(exc)})") from None
         total += images[-1].nbytes

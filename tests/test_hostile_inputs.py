@@ -319,7 +319,10 @@ REFUSED = [
          "the header declares 3.6 TiB of data but the file holds 64 B", True),
     Case("png-30000x30000", lambda w, b: [
         "convert", str(png_folder(w, 30000, 30000)), str(w / "out" / "d.h5")],
-         "image too large", True),
+         "image too large (more than 67,108,864 pixels declared", True),
+    Case("png-9000x9000", lambda w, b: [
+        "convert", str(png_folder(w, 9000, 9000)), str(w / "out" / "d.h5")],
+         "image too large (9000×9000 pixels declared; at most 67,108,864)"),
     # tracebacks
     Case("n_samples-1e400", lambda w, b: refine_args(recv_with(w, b, head={
         "mrtf.n_samples": "1" + "0" * 400, "mrtf.label_counts": None}), b / "target.h5", w),
