@@ -4,27 +4,80 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import click
+import numpy as np
 
 from mrtf.errors import FusionError, InputError
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised like KeyboardInterrupt so that every ``finally`` (temporary files,
+    locks) runs before the process ends."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
 class MrtfGroup(click.Group):
-    """A click group that turns bad input into one line on stderr and exit code 2."""
+    """A click group that turns bad input into one line on stderr and exit code 2.
+
+    SIGINT and SIGTERM unwind the command (its unfinished outputs are removed) and exit with
+    130 and 143.
+    """
 
     def invoke(self, ctx: click.Context) -> Any:
+        old = None
+        if threading.current_thread() is threading.main_thread():
+            old = signal.signal(signal.SIGTERM, _raise_terminated)
         try:
             return super().invoke(ctx)
         except (InputError, FusionError) as exc:
             click.echo(f"mrtf: error: {exc}", err=True)
             ctx.exit(2)
         except KeyboardInterrupt:
-            click.echo("mrtf: interrupted; nothing was written", err=True)
+            click.echo("mrtf: interrupted; unfinished outputs were removed", err=True)
             ctx.exit(130)
+        except Terminated:
+            click.echo("mrtf: terminated; unfinished outputs were removed", err=True)
+            ctx.exit(143)
+        finally:
+            if old is not None:
+                signal.signal(signal.SIGTERM, old)
+
+
+def run_guarded(work: Callable[[], Any]) -> Any:
+    """Run the heavy part of a command; running out of memory becomes one line, and so does a
+    failure inside faiss, which only non-finite features (models whose outputs overflow on
+    this data) cause. numpy's overflow warnings are silenced: the outputs are checked for
+    finiteness before anything is written, and that check says what went wrong."""
+    try:
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            return work()
+    except MemoryError:
+        raise InputError("ran out of memory (the data or the models are too large for this "
+                         "machine); nothing was written") from None
+    except (AssertionError, RuntimeError) as exc:
+        if not _raised_in_faiss(exc):
+            raise
+        raise FusionError("clustering failed on non-finite features (the models' outputs "
+                          "overflow float32 on this data); nothing was written") from None
+
+
+def _raised_in_faiss(exc: BaseException) -> bool:
+    tb = exc.__traceback__
+    while tb is not None:
+        if f"{os.sep}faiss{os.sep}" in tb.tb_frame.f_code.co_filename:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def output_options(func: Callable) -> Callable:

@@ -9,8 +9,8 @@ import click
 from mrtf.cli.common import Out, output_options
 from mrtf.data import BUILTIN, import_to_h5, load_builtin
 from mrtf.errors import InputError
-from mrtf.io.atomic import check_output
 from mrtf.io.hdf5 import H5Dataset, write_dataset
+from mrtf.io.outputs import Outputs
 
 
 @click.command()
@@ -28,22 +28,24 @@ def convert(source: str, output: Path, labels_file: Path | None, image_size: int
             channels: str | None, unlabeled: bool, force: bool, out: Out) -> None:
     """Write SOURCE (a built-in dataset name, an .npz, an .npy, or an image folder with one
     sub-folder per class, or flat for unlabeled images) to OUTPUT as an HDF5 dataset."""
-    check_output(output, force, (source,) if Path(source).exists() else ())
     chans = int(channels) if channels else None
-    if source in BUILTIN:
-        ds = load_builtin(source, image_size, chans)
-        write_dataset(output, ds.x, None if unlabeled else ds.y, ids=range(len(ds.y)),
-                      attrs={"source": source})
-    elif Path(source).exists():
-        if unlabeled:
-            raise InputError("--unlabeled applies to built-in datasets; leave labels out of "
-                             "the source instead")
-        import_to_h5(source, output, labels_file, image_size, chans)
-    else:
+    if source not in BUILTIN and not Path(source).exists():
         raise InputError(f"{source}: no such file, folder or built-in dataset "
                          f"({', '.join(BUILTIN)})")
-    with H5Dataset(output) as ds:
-        n, shape, labeled = len(ds), ds.sample_shape, ds.has_labels
+    if source not in BUILTIN and unlabeled:
+        raise InputError("--unlabeled applies to built-in datasets; leave labels out of "
+                         "the source instead")
+    inputs = [Path(source), labels_file] if source not in BUILTIN else []
+    with Outputs([output], force, inputs) as outs, outs.writing(output) as tmp:
+        if source in BUILTIN:
+            ds = load_builtin(source, image_size, chans)
+            write_dataset(tmp, ds.x, None if unlabeled else ds.y, ids=range(len(ds.y)),
+                          attrs={"source": source}, atomic=False)
+        else:
+            import_to_h5(source, tmp, labels_file, image_size, chans, atomic=False)
+        with H5Dataset(tmp) as ds:
+            n, shape, labeled = len(ds), ds.sample_shape, ds.has_labels
+        outs.commit()
     out.say(f"wrote {n} samples of shape {'×'.join(map(str, shape))} "
             f"({'labeled' if labeled else 'unlabeled'}) to {output}")
     out.summary({"command": "convert", "output": str(output), "samples": n,

@@ -5,18 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mrtf.cli.common import Out
+from mrtf.cli.common import Out, run_guarded
 from mrtf.io.bundles import ReceivedSet, save_bundle
+from mrtf.io.outputs import Outputs
 
 
-def run_datafree(rs: ReceivedSet, model_out: Path | None, opts: dict[str, Any], out: Out
-                 ) -> None:
+def run_datafree(rs: ReceivedSet, outs: Outputs, model_out: Path | None, opts: dict[str, Any],
+                 out: Out) -> None:
     """Fuse ``rs`` without data and write the fused model (and the sample grid)."""
     from mrtf.cli.refine import load_student, refined_meta
     from mrtf.datafree import FusionConfig, choose_method, dump_samples, fuse
 
     method, reason = choose_method(rs, opts["datafree"])
-    student, student_meta = load_student(rs, opts, None)
+    student, student_meta = load_student(rs, opts, None, out)
+    refined_meta(rs, student_meta, method, {}).validate("the fused model's metadata")
     cfg = FusionConfig(method=method, seed=opts["seed"], device=opts["device"],
                        progress=out.progress)
     if opts["steps"] is not None:  # total student steps, for either method
@@ -26,7 +28,7 @@ def run_datafree(rs: ReceivedSet, model_out: Path | None, opts: dict[str, Any], 
         else:
             cfg.steps = opts["steps"]
     out.say(f"data-free fusion with {method}: {reason}")
-    result = fuse(rs, cfg, student)
+    result = run_guarded(lambda: fuse(rs, cfg, student))
     for warning in result.warnings:
         out.warn(warning)
     last = result.history[-1] if result.history else {}
@@ -35,10 +37,17 @@ def run_datafree(rs: ReceivedSet, model_out: Path | None, opts: dict[str, Any], 
     config = {"datafree": method, "reason": reason, "seed": opts["seed"],
               "steps": opts["steps"]}
     if model_out is not None:
-        save_bundle(model_out, result.model, refined_meta(rs, student_meta, method, config))
+        with outs.writing(model_out) as tmp:
+            save_bundle(tmp, result.model, refined_meta(rs, student_meta, method, config),
+                        atomic=False, require_finite=True)
+    if opts["dump_samples"] is not None:
+        with outs.writing(opts["dump_samples"]) as tmp:
+            dump_samples(result.generator, tmp, rs.num_classes, seed=opts["seed"],
+                         atomic=False)
+    outs.commit()  # the model and the sample grid: both or neither
+    if model_out is not None:
         out.say(f"wrote fused model to {model_out}")
     if opts["dump_samples"] is not None:
-        dump_samples(result.generator, opts["dump_samples"], rs.num_classes, seed=opts["seed"])
         out.say(f"wrote generated samples to {opts['dump_samples']}")
     out.summary({"command": "refine", "datafree": method, "reason": reason,
                  "seconds": result.seconds, "warnings": result.warnings, "last_losses": last,

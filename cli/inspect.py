@@ -25,6 +25,8 @@ def inspect(path: Path, trust_arch: tuple[str, ...], out: Out) -> None:
         _inspect_dir(path, trust_arch, out)
     elif path.suffix in (".safetensors", ".pt"):
         model = load_bundle(path, trust_arch)
+        for note in model.notes:
+            out.warn(f"{path.name}: {note}")
         info = _model_row(model)
         info["tensors"] = len(model.state_dict)
         info["parameters"] = int(sum(t.numel() for t in model.state_dict.values()))
@@ -54,6 +56,8 @@ def _model_row(m) -> dict:
 
 def _inspect_dir(path: Path, trust: tuple[str, ...], out: Out) -> None:
     received = load_received(path, trust, strict=False)
+    for note in received.notes:
+        out.warn(note)
     rows = [{**_model_row(m), "status": "valid"} for m in received.models]
     rows += [{"file": f.name, "status": f"refused: {why}"} for f, why in received.refused]
     rows.sort(key=lambda r: r["file"])

@@ -8,11 +8,19 @@ from typing import Any
 import click
 import numpy as np
 
-from mrtf.cli.common import Out, output_options, table
+from mrtf.cli.common import Out, output_options, run_guarded, table
 from mrtf.errors import InputError
-from mrtf.io.atomic import check_output
-from mrtf.io.bundles import BundleMeta, ReceivedSet, load_bundle, load_received, save_bundle
+from mrtf.io.bundles import (
+    BundleMeta,
+    ReceivedSet,
+    load_bundle,
+    load_received,
+    model_files,
+    save_bundle,
+)
 from mrtf.io.hdf5 import H5Dataset, LabelSet, read_labels, write_labels
+from mrtf.io.limits import MAX_ROUND, check_memory
+from mrtf.io.outputs import Outputs
 from mrtf.models import build_model, image_kwargs
 from mrtf.refinery import METHODS, RefineConfig, accuracy_of, check_fits, predict_probs, refine
 from mrtf.scoring import score_labels
@@ -66,33 +74,48 @@ def refine_cmd(received: Path, data: Path | None, labels_out: Path | None,
         raise InputError("data-free fusion needs --model")
     if data is not None and (opts["datafree"] or opts["dump_samples"]):
         raise InputError("--datafree and --dump-samples apply only without --data")
-    rs = load_received(received, opts["trust_arch"])
-    inputs = tuple(m.path for m in rs.models) + ((data,) if data else ())
-    for path in (labels_out, model_out, opts["dump_samples"]):
-        if path is not None:
-            check_output(path, opts["force"], inputs)
-    if data is None:
-        from mrtf.cli.datafree import run_datafree
+    # every input a listed output could clobber: the received files (and sidecars), the data
+    inputs = [p for f in model_files(received) for p in (f, f.with_suffix(".json"))]
+    inputs += [data, opts["student_file"]]
+    # outputs are checked, locked and their temporary files created before any heavy work
+    with Outputs([labels_out, model_out, opts["dump_samples"]], opts["force"],
+                 inputs) as outs:
+        rs = load_received(received, opts["trust_arch"])
+        for note in rs.notes:
+            out.warn(note)
+        if data is None:
+            from mrtf.cli.datafree import run_datafree
 
-        return run_datafree(rs, model_out, opts, out)
-    with H5Dataset(data) as source:
-        _refine_with_data(rs, source, labels_out, model_out, opts, out)
+            return run_datafree(rs, outs, model_out, opts, out)
+        with H5Dataset(data) as source:
+            _refine_with_data(rs, source, outs, labels_out, model_out, opts, out)
 
 
-def _refine_with_data(rs: ReceivedSet, source: H5Dataset, labels_out: Path | None,
-                      model_out: Path | None, opts: dict[str, Any], out: Out) -> None:
-    student, student_meta = load_student(rs, opts, source.sample_shape)
+def _refine_with_data(rs: ReceivedSet, source: H5Dataset, outs: Outputs,
+                      labels_out: Path | None, model_out: Path | None, opts: dict[str, Any],
+                      out: Out) -> None:
+    student, student_meta = load_student(rs, opts, source.sample_shape, out)
+    # the teachers' outputs (K × M × C logits, probabilities, targets) and the features of
+    # M samples are held in memory: a file declaring 10^8 rows is refused here, not by the OOM
+    # killer later
+    k, c, m = len(rs.models) + 1, rs.num_classes, len(source)
+    check_memory(m * (4 * k * c + 8 * c + _feature_dim(rs)) * 4,
+                 f"refining {m:,} samples with {k - 1} models and {c} classes")
+    outs.check_space(_estimated_bytes(rs, len(source), labels_out, model_out))
     cfg = RefineConfig(method=opts["method"], variant=opts["variant"], tau=opts["tau"],
                        steps=500 if opts["steps"] is None else opts["steps"],
                        batch_size=opts["batch_size"], lr=opts["lr"],
                        clr_iterations=opts["clr_iterations"],
                        clr_min_round=opts["clr_min_round"], seed=opts["seed"],
                        device=opts["device"], progress=out.progress)
+    probe_outputs(rs, source, student)
+    # the refined model's metadata must be writable: find out now, not after the work
+    refined_meta(rs, student_meta, cfg.method, {}).validate("the refined model's metadata")
     local = rs.by_role("local")
     out.say(f"refining {len(local)} local models ({len(rs.by_role('global'))} θ_t) on "
             f"{len(source)} samples: method={cfg.method} variant={cfg.variant} "
             f"steps={cfg.steps} seed={cfg.seed}")
-    result = refine(rs, source, cfg, student)
+    result = run_guarded(lambda: refine(rs, source, cfg, student))
     for note in result.info["notes"]:
         out.say(f"note: {note}")
     for line in result.info.get("trust", []):
@@ -113,13 +136,19 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, labels_out: Path | Non
                        ["refined model", scores["refined"]]], ["accuracy on --data y", ""]))
     parties = [m.name for m in rs.models]
     config = {**result.info["config"], "u_t": result.info["u_t"]}
+    # both outputs are written to their temporary files first, then renamed together
     if labels_out is not None:
-        write_labels(labels_out, LabelSet.from_probs(result.probs, source.ids()), cfg.method,
-                     config, parties)
-        out.say(f"wrote labels for {len(source)} samples to {labels_out}")
+        with outs.writing(labels_out) as tmp:
+            write_labels(tmp, LabelSet.from_probs(result.probs, source.ids()), cfg.method,
+                         config, parties, atomic=False)
     if model_out is not None:
         meta = refined_meta(rs, student_meta, cfg.method, config)
-        save_bundle(model_out, result.model, meta)
+        with outs.writing(model_out) as tmp:
+            save_bundle(tmp, result.model, meta, atomic=False, require_finite=True)
+    outs.commit()
+    if labels_out is not None:
+        out.say(f"wrote labels for {len(source)} samples to {labels_out}")
+    if model_out is not None:
         out.say(f"wrote refined model to {model_out}")
     out.summary({"command": "refine", "method": cfg.method, "variant": cfg.variant,
                  "samples": len(source), "u_t": result.info["u_t"],
@@ -131,13 +160,53 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, labels_out: Path | Non
                  "model": str(model_out) if model_out else None})
 
 
-def load_student(rs: ReceivedSet, opts: dict[str, Any], sample_shape: tuple[int, ...] | None
-                 ) -> tuple[Any, BundleMeta | None]:
+def probe_outputs(rs: ReceivedSet, source: H5Dataset, student: Any = None,
+                  rows: int = 256) -> None:
+    """Every model on the first rows of the data: finite logits of the right width, or one
+    line now (weights and data that overflow float32 otherwise fail deep inside the work)."""
+    import torch
+
+    x = torch.from_numpy(np.ascontiguousarray(source.read(0, rows)))
+    named = [(m.path.name, m.build, m.meta.num_classes) for m in rs.models]
+    if student is not None:
+        named.append(("the student", lambda: student, rs.num_classes))
+    for name, build, classes in named:
+        net = build()
+        check_fits(net, name, source, classes, "cpu")
+        with torch.inference_mode():
+            logits = net.eval()(x)
+        if not bool(torch.isfinite(logits).all()):
+            raise InputError(f"{name}: its outputs on {source.path.name} are not finite (its "
+                             "weights or the data overflow float32)")
+
+
+def _feature_dim(rs: ReceivedSet) -> int:
+    """The widest classifier input of the received models (their feature vectors' size)."""
+    dims = [t.shape[1] for m in rs.models for t in m.state_dict.values() if t.dim() == 2]
+    return max(dims, default=512)
+
+
+def _estimated_bytes(rs: ReceivedSet, m: int, labels_out: Path | None,
+                     model_out: Path | None) -> dict[Path, int]:
+    """What the outputs will take on disk, roughly (labels: probs + 3 columns + ids)."""
+    sizes: dict[Path, int] = {}
+    if labels_out is not None:
+        sizes[labels_out] = m * (rs.num_classes + 4) * 4 + m * 8
+    if model_out is not None:
+        sizes[model_out] = max(sum(t.numel() * 4 for t in m_.state_dict.values())
+                               for m_ in rs.models)
+    return sizes
+
+
+def load_student(rs: ReceivedSet, opts: dict[str, Any], sample_shape: tuple[int, ...] | None,
+                 out: Out | None = None) -> tuple[Any, BundleMeta | None]:
     """The student module and its bundle metadata from --student / --student-arch, or None."""
     if opts["student_file"] is not None and opts["student_arch"] is not None:
         raise InputError("give --student or --student-arch, not both")
     if opts["student_file"] is not None:
         sm = load_bundle(opts["student_file"], opts["trust_arch"])
+        for note in sm.notes if out is not None else ():
+            out.warn(f"{sm.path.name}: {note}")
         if sm.meta.num_classes != rs.num_classes:
             raise InputError(f"--student {sm.path.name} has {sm.meta.num_classes} classes but "
                              f"the received models have {rs.num_classes}")
@@ -177,7 +246,7 @@ def refined_meta(rs: ReceivedSet, student_meta: BundleMeta | None, method: str,
     rounds = [m.meta.round for m in rs.models if m.meta.round is not None]
     return BundleMeta(arch=base.arch, num_classes=rs.num_classes, arch_kwargs=base.arch_kwargs,
                       party="refined", role="refined", label_counts=total,
-                      round=max(rounds) + 1 if rounds else None,
+                      round=min(max(rounds) + 1, MAX_ROUND) if rounds else None,
                       extra={"mrtf.method": method,
                              "mrtf.config": json.dumps(config, sort_keys=True, default=str)})
 
@@ -196,16 +265,23 @@ def refined_meta(rs: ReceivedSet, student_meta: BundleMeta | None, method: str,
 def label(model: Path, data: Path, labels_out: Path, batch_size: int,
           trust_arch: tuple[str, ...], device: str | None, force: bool, out: Out) -> None:
     """Label new data with a (refined) MODEL file."""
-    check_output(labels_out, force, (data, model))
-    bundle = load_bundle(model, trust_arch)
-    with H5Dataset(data) as source:
-        net = bundle.build()
-        check_fits(net, bundle.path.name, source, bundle.meta.num_classes, "cpu")
-        probs = predict_probs(net, source, batch_size, device)
-        labels = LabelSet.from_probs(probs, source.ids())
-        write_labels(labels_out, labels, "label", {"model": str(model)},
-                     [bundle.meta.party or bundle.path.stem])
-        y = source.labels()
+    with Outputs([labels_out], force, (data, model)) as outs:
+        bundle = load_bundle(model, trust_arch)
+        for note in bundle.notes:
+            out.warn(f"{bundle.path.name}: {note}")
+        with H5Dataset(data) as source:
+            net = bundle.build()
+            check_fits(net, bundle.path.name, source, bundle.meta.num_classes, "cpu")
+            check_memory(len(source) * bundle.meta.num_classes * 4 * 4,
+                         f"labeling {len(source):,} samples")
+            outs.check_space({labels_out: len(source) * (bundle.meta.num_classes + 6) * 4})
+            probs = run_guarded(lambda: predict_probs(net, source, batch_size, device))
+            labels = LabelSet.from_probs(probs, source.ids())
+            with outs.writing(labels_out) as tmp:
+                write_labels(tmp, labels, "label", {"model": str(model)},
+                             [bundle.meta.party or bundle.path.stem], atomic=False)
+            y = source.labels()
+        outs.commit()
     acc = accuracy_of(probs, y) if y is not None else None
     out.say(f"labeled {len(probs)} samples with {model.name} → {labels_out}"
             + (f"  (accuracy on y: {acc:.4f})" if acc is not None else ""))
@@ -222,13 +298,21 @@ def score(labels: Path, truth: Path, out: Out) -> None:
     """Score a LABELS file against the y of --truth."""
     predicted = read_labels(labels)
     with H5Dataset(truth) as ds:
+        if not ds.has_labels:
+            raise InputError(f"{truth}: has no 'y' to score against")
+        if len(ds) != len(predicted.labels):  # before reading y: its row count is declared
+            raise InputError(f"{labels} holds {len(predicted.labels)} labels but {truth} has "
+                             f"{len(ds)} samples")
         y, ids = ds.labels(), ds.ids()
-    if y is None:
-        raise InputError(f"{truth}: has no 'y' to score against")
     if predicted.ids is not None and ids is not None and (
             len(ids) != len(predicted.ids) or not np.array_equal(ids, predicted.ids)):
         raise InputError(f"{labels} and {truth} hold different sample ids")
-    c = max(predicted.probs.shape[1], int(y.max()) + 1)
+    # the labels file says how many classes there are; a y outside them is refused, not
+    # given a row of its own (y = 10^12 would ask for a 10^12 × 10^12 confusion matrix)
+    c = predicted.probs.shape[1]
+    if int(y.min()) < 0 or int(y.max()) >= c:
+        raise InputError(f"{truth}: 'y' holds {int(y.min())}..{int(y.max())}, outside the "
+                         f"{c} classes of {labels} (0..{c - 1})")
     result = score_labels(predicted.labels, y, c)
     out.say(f"accuracy {result['accuracy']:.4f} on {result['n']} samples")
     out.say(table([[i, result["per_class"][i], result["support"][i]] for i in range(c)],

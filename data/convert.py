@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import math
 import os
+import warnings
+import zipfile
+import zlib
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
 from mrtf.errors import InputError
 from mrtf.io.hdf5 import read_dataset, write_dataset
+from mrtf.io.limits import MAX_ABS_X, MAX_CLASSES, check_regular_file, human_bytes
+
+MAX_CONVERT_BYTES = 8 << 30  # what one `mrtf convert` reads into memory
+MAX_IMAGE_PIXELS = 8192 * 8192  # one image
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff")
 
@@ -20,21 +29,79 @@ def load_arrays(x_path: str | os.PathLike, y_path: str | os.PathLike | None = No
     Never unpickles (``allow_pickle=False``).
     """
     p = Path(x_path)
-    if not p.exists():
-        raise InputError(f"{p}: no such file")
-    try:
-        if p.suffix == ".npz":
-            with np.load(p, allow_pickle=False) as z:
-                if "x" not in z:
-                    raise InputError(f"{p}: needs an array named 'x' (found {list(z)})")
-                x, y = z["x"], (z["y"] if "y" in z else None)
-        else:
-            x = np.load(p, allow_pickle=False)
-            y = np.load(y_path, allow_pickle=False) if y_path is not None else None
-    except (ValueError, OSError) as exc:
-        raise InputError(f"{p}: unreadable array file ({str(exc).splitlines()[0][:120]})"
-                         ) from None
+    check_regular_file(p, "array file", MAX_CONVERT_BYTES)
+    if p.suffix == ".npz":
+        x, y = _load_npz(p)
+    else:
+        x = _load_npy(p)
+        y = None
+        if y_path is not None:
+            check_regular_file(Path(y_path), "array file", MAX_CONVERT_BYTES)
+            y = _load_npy(Path(y_path))
     return _as_images(x, y, str(p))
+
+
+def _check_header(source: str, fp: BinaryIO, available: int) -> None:
+    """An .npy header is read before its data: numeric dtype, and no more bytes than the file
+    (or zip entry) holds, so a header claiming 10^12 values allocates nothing."""
+    try:
+        version = np.lib.format.read_magic(fp)
+        read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                else np.lib.format.read_array_header_2_0)
+        shape, _, dtype = read(fp)
+    except (ValueError, OSError, EOFError, SyntaxError, TypeError) as exc:
+        raise InputError(f"{source}: not a valid .npy array ({_first_line(exc)})") from None
+    if dtype.kind not in "biuf":
+        raise InputError(f"{source}: holds {dtype} values; expected numbers")
+    need = math.prod(shape) * dtype.itemsize
+    have = available - fp.tell()
+    if need > have:
+        raise InputError(f"{source}: the header declares {human_bytes(need)} of data but the "
+                         f"file holds {human_bytes(max(have, 0))} (truncated or corrupt)")
+
+
+def _load_npy(p: Path) -> np.ndarray:
+    try:
+        with open(p, "rb") as fp:
+            _check_header(str(p), fp, os.fstat(fp.fileno()).st_size)
+            fp.seek(0)
+            return np.load(fp, allow_pickle=False)
+    except InputError:  # a ValueError too: ours, already one clear line
+        raise
+    except (ValueError, OSError, EOFError) as exc:
+        raise InputError(f"{p}: unreadable array file ({_first_line(exc)})") from None
+
+
+def _load_npz(p: Path) -> tuple[np.ndarray, np.ndarray | None]:
+    try:
+        with zipfile.ZipFile(p) as z:
+            members = {Path(i.filename).stem: i for i in z.infolist()
+                       if i.filename.endswith(".npy")}
+            if "x" not in members:
+                raise InputError(f"{p}: needs an array named 'x' (found {sorted(members)})")
+            total = sum(members[k].file_size for k in ("x", "y") if k in members)
+            if total > MAX_CONVERT_BYTES:  # a deflated entry can unpack to anything
+                raise InputError(f"{p}: unpacks to {human_bytes(total)}, more than the "
+                                 f"{human_bytes(MAX_CONVERT_BYTES)} mrtf converts at once")
+            arrays = {}
+            for key in ("x", "y"):
+                if key in members:
+                    source = f"{p}[{key}]"
+                    with z.open(members[key]) as fp:
+                        _check_header(source, fp, members[key].file_size)
+                    with z.open(members[key]) as fp:
+                        arrays[key] = np.lib.format.read_array(fp, allow_pickle=False)
+    except InputError:  # a ValueError too: ours, already one clear line
+        raise
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as exc:
+        raise InputError(f"{p}: not a readable .npz archive (truncated or corrupt: "
+                         f"{_first_line(exc)})") from None
+    return arrays["x"], arrays.get("y")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:120] if text else type(exc).__name__
 
 
 def _as_images(x: np.ndarray, y: np.ndarray | None, source: str
@@ -45,12 +112,26 @@ def _as_images(x: np.ndarray, y: np.ndarray | None, source: str
         x = x.transpose(0, 3, 1, 2)
     if x.ndim < 2 or len(x) == 0:
         raise InputError(f"{source}: x must be (N, ...) with N > 0, got shape {x.shape}")
+    if x.dtype.kind in "biu" and x.dtype != np.uint8:
+        raise InputError(f"{source}: x holds {x.dtype}; store float32, or uint8 pixels (scaled "
+                         "by 1/255)")
     if y is not None:
-        y = np.asarray(y).astype(np.int64).reshape(-1)
+        y = np.asarray(y).reshape(-1)
+        if y.dtype.kind == "f" and np.isfinite(y).all() and (y == np.round(y)).all():
+            y = y.astype(np.int64)  # whole numbers stored as floats
+        if y.dtype.kind not in "iu" or (y.size and not 0 <= int(y.min()) <= int(y.max())
+                                        < MAX_CLASSES):
+            raise InputError(f"{source}: labels must be class numbers 0..{MAX_CLASSES - 1}, got "
+                             f"{y.dtype} values")
+        y = y.astype(np.int64)
         if len(y) != len(x):
             raise InputError(f"{source}: {len(x)} samples but {len(y)} labels")
     if x.dtype != np.uint8:
-        x = x.astype(np.float32)
+        with np.errstate(over="ignore"):
+            x = x.astype(np.float32)
+        if not np.isfinite(x).all() or (x.size and float(np.abs(x).max()) > MAX_ABS_X):
+            raise InputError(f"{source}: x holds NaN, infinite or huge values (|x| must stay "
+                             f"below {MAX_ABS_X:.0e})")
     return np.ascontiguousarray(x), y
 
 
@@ -74,15 +155,35 @@ def load_image_folder(folder: str | os.PathLike, image_size: int | None = None,
         raise InputError(f"{root}: holds no images ({', '.join(IMAGE_SUFFIXES)})")
     mode = {1: "L", 3: "RGB", None: None}[channels]
     images = []
+    total = 0
     for f, _ in files:
         try:
-            with Image.open(f) as im:
-                im = im.convert(mode or ("L" if im.mode in ("L", "1", "P") else "RGB"))
-                if image_size is not None:
-                    im = im.resize((image_size, image_size), Image.BILINEAR)
-                images.append(np.asarray(im, dtype=np.uint8))
-        except (UnidentifiedImageError, OSError) as exc:
-            raise InputError(f"{f}: unreadable image ({exc})") from None
+            check_regular_file(f, "image", MAX_CONVERT_BYTES)
+            # a small file can declare a huge image (a decompression bomb): PIL checks the
+            # declared size against this cap when opening, before decoding anything
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", Image.DecompressionBombWarning)
+                with Image.open(f) as im:
+                    w, h = im.size
+                    if w * h > MAX_IMAGE_PIXELS:
+                        raise InputError(f"{f}: image too large ({w}×{h} pixels declared; at "
+                                         f"most {MAX_IMAGE_PIXELS:,})")
+                    im = im.convert(mode or ("L" if im.mode in ("L", "1", "P") else "RGB"))
+                    if image_size is not None:
+                        im = im.resize((image_size, image_size), Image.BILINEAR)
+                    images.append(np.asarray(im, dtype=np.uint8))
+        except InputError:  # a ValueError too: ours, already one clear line
+            raise
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+            # PIL's own cap (checked when opening) is higher than ours but can fire first
+            raise InputError(f"{f}: image too large (more than {MAX_IMAGE_PIXELS:,} pixels "
+                             "declared; a decompression bomb?)") from None
+        except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+            raise InputError(f"{f}: unreadable image ({_first_line(exc)})") from None
+        total += images[-1].nbytes
+        if total > MAX_CONVERT_BYTES:
+            raise InputError(f"{root}: the images take more than "
+                             f"{human_bytes(MAX_CONVERT_BYTES)}; convert them in parts")
     shapes = {a.shape for a in images}
     if len(shapes) > 1:
         raise InputError(f"{root}: images differ in size {sorted(shapes)[:3]}; pass --image-size")
@@ -94,8 +195,10 @@ def load_image_folder(folder: str | os.PathLike, image_size: int | None = None,
 
 def import_to_h5(source: str | os.PathLike, out: str | os.PathLike,
                  labels: str | os.PathLike | None = None, image_size: int | None = None,
-                 channels: int | None = None) -> Path:
-    """Convert an ``.npz``, ``.npy`` (+ labels ``.npy``) or image folder into ``out`` (.h5)."""
+                 channels: int | None = None, atomic: bool = True) -> Path:
+    """Convert an ``.npz``, ``.npy`` (+ labels ``.npy``) or image folder into ``out`` (.h5).
+
+    ``atomic=False``: ``out`` is already a temporary file (see :mod:`mrtf.io.outputs`)."""
     src = Path(source)
     if src.is_dir():
         x, y, classes = load_image_folder(src, image_size, channels)
@@ -104,7 +207,7 @@ def import_to_h5(source: str | os.PathLike, out: str | os.PathLike,
         x, y = load_arrays(src, labels)
         attrs = {}
     attrs["source"] = str(src)
-    return write_dataset(out, x, y, attrs=attrs)
+    return write_dataset(out, x, y, attrs=attrs, atomic=atomic)
 
 
 __all__ = ["import_to_h5", "load_arrays", "load_image_folder", "read_dataset"]

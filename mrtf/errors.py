@@ -16,3 +16,8 @@ class InputError(ValueError):
 
 class FusionError(RuntimeError):
     """A refinement or fusion run diverged (NaN losses); nothing was written."""
+
+
+class OutputError(InputError):
+    """An output cannot be written (exists, is an input, folder not writable, disk full); the
+    CLI reports it like bad input: one line, exit code 2, nothing left behind."""

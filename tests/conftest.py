@@ -7,7 +7,26 @@ import torch
 
 from mrtf.federated import LocalConfig, SimulationConfig, export_received, export_target, run_fedavg
 
-torch.set_num_threads(2)
+# One fixed thread count for the whole suite, whatever OMP_NUM_THREADS says: float results
+# (and so exact-equality assertions) depend on it.
+SUITE_THREADS = 2
+torch.set_num_threads(SUITE_THREADS)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_threads():
+    """Every module starts (and leaves) with the suite's thread count."""
+    torch.set_num_threads(SUITE_THREADS)
+    yield
+    torch.set_num_threads(SUITE_THREADS)
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    """Tests may pick their own thread count; none leaks into the next test (order-free)."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

@@ -38,7 +38,8 @@ def _rows(generator: nn.Module, num_classes: int, per_class: int, seed: int,
 
 
 def dump_samples(generator: nn.Module, path_png: str | os.PathLike, num_classes: int,
-                 per_class: int = 8, seed: int = 0, teacher: nn.Module | None = None) -> Path:
+                 per_class: int = 8, seed: int = 0, teacher: nn.Module | None = None,
+                 atomic: bool = True) -> Path:
     """Write a grid PNG of generated images (rows = classes) to ``path_png``, atomically.
 
     For an unconditional (FedKF) generator, rows are the ``teacher``'s predicted classes when a
@@ -68,7 +69,7 @@ def dump_samples(generator: nn.Module, path_png: str | os.PathLike, num_classes:
                               vmin=0, vmax=1)
             row[0].text(-0.1, 0.5, str(c), transform=row[0].transAxes, ha="right",
                         va="center")
-        with atomic_path(out) as tmp:
+        with atomic_path(out, atomic) as tmp:
             fig.savefig(tmp, format="png", dpi=80)
     finally:
         plt.close(fig)

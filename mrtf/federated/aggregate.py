@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -55,11 +56,15 @@ def average_received(models: Sequence, by_samples: bool = True):
             raise InputError("received models differ in architecture; there is no parameter "
                              "average (give a student: --student-arch ARCH or --student FILE)")
     counts = [m.meta.n_samples for m in models]
-    if by_samples and all(c is not None and c > 0 for c in counts):
-        weights = [float(c) for c in counts]
-    else:
-        weights = [1.0] * len(models)
-    total = sum(weights)
+    weights = [1.0] * len(models)
+    if by_samples and all(isinstance(c, int) and c > 0 for c in counts):
+        try:  # counts come from untrusted files: bounded on load, guarded here again
+            weights = [float(c) for c in counts]
+        except OverflowError:
+            raise InputError("a party's mrtf.n_samples is too large to weight by") from None
+    total = math.fsum(weights)
+    if not math.isfinite(total) or total <= 0:
+        raise InputError("the parties' mrtf.n_samples give no usable averaging weights")
     weights = [w / total for w in weights]
     model = build_model(first.arch, first.num_classes, **first.arch_kwargs)
     model.load_state_dict(average_states([m.state_dict for m in models], weights))

@@ -44,7 +44,7 @@ from mrtf.federated.methods import (
     sub_seed,
 )
 from mrtf.federated.simulate import Federation, SimulationConfig, prepare_federation
-from mrtf.io.atomic import atomic_path
+from mrtf.io.atomic import atomic_path, is_temp_name
 
 LOCAL_ALGORITHMS = ("fedavg", "fedprox", "scaffold")
 VARIANTS = ("paper", "reference")
@@ -283,11 +283,13 @@ def privatize(start: dict[str, torch.Tensor], state: dict[str, torch.Tensor], si
 
 
 def _save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
+    # bytes written by us into our temporary file: safetensors' save_file would keep a
+    # temporary file of its own, which a killed run leaves behind
+    data = save({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()})
     with atomic_path(path) as tmp:
-        save_file({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()},
-                  str(tmp))
+        tmp.write_bytes(data)
 
 
 def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -391,6 +393,11 @@ def prepare_out(cfg: RunConfig, out: Path, resume: bool, force: bool) -> bool:
             raise InputError(f"{out} holds a different run (differs in {', '.join(diff[:3])}); "
                              "use the same settings with --resume, or --force to replace it")
         return True
+    if out.exists():
+        # temporary files of a killed earlier run are ours: removed, never a reason to refuse
+        for stray in out.iterdir():
+            if is_temp_name(stray.name) and stray.is_file() and not stray.is_symlink():
+                stray.unlink(missing_ok=True)
     if out.exists() and any(out.iterdir()):
         if not force:
             raise InputError(f"{out} is not empty; choose a new directory, --resume a run "

@@ -1,40 +1,86 @@
-"""Write-then-rename outputs, so an interrupted run never leaves a half-written file."""
+"""Write-then-rename outputs, so an interrupted run never leaves a half-written file.
+
+Temporary files are named ``.NAME.XXXXXXXX.tmp`` beside the target, with NAME cut to 200
+characters so that the temporary name fits the file system's 255 even for a long target name.
+They are created with the mode a plain ``open()`` would give (0666 minus the umask), not
+``mkstemp``'s 0600.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from mrtf.errors import InputError
 
+_STEM = 200
+
+
+def temp_stem(target: Path) -> str:
+    return target.name[:_STEM]
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def make_temp(target: Path) -> Path:
+    """Create (O_EXCL) an empty temporary file beside ``target``; OSError when impossible."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{temp_stem(target)}.", suffix=".tmp",
+                               dir=target.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+    finally:
+        os.close(fd)
+    return Path(tmp)
+
+
+def stale_temps(target: Path) -> list[Path]:
+    """Temporary files of earlier writes of ``target`` (call only while holding its lock)."""
+    pattern = re.compile(rf"\.{re.escape(temp_stem(target))}\.[a-z0-9_]{{8}}\.tmp")
+    try:
+        names = os.listdir(target.parent)
+    except OSError:
+        return []
+    return [target.parent / n for n in names if pattern.fullmatch(n)]
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether ``name`` looks like one of our temporary files."""
+    return bool(re.fullmatch(r"\..+\.[a-z0-9_]{8}\.tmp", name))
+
 
 def check_output(path: str | os.PathLike, force: bool = False,
                  inputs: tuple[str | os.PathLike, ...] = ()) -> Path:
     """Refuse to overwrite an existing output (unless ``force``) and never overwrite an input."""
+    from mrtf.io.outputs import check_distinct
+
     out = Path(path)
-    for inp in inputs:
-        if inp is not None and Path(inp).exists() and out.exists() and out.samefile(inp):
-            raise InputError(f"{out}: output would overwrite an input file")
-    if out.exists() and not force:
-        raise InputError(f"{out} exists; pass --force to replace it")
-    if out.exists() and out.is_dir():
-        raise InputError(f"{out} is a directory, not a file")
+    check_distinct([out], [Path(i) for i in inputs if i is not None], force)
     if out.parent.exists() and not out.parent.is_dir():
         raise InputError(f"{out.parent}: not a directory")
     return out
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; rename it into place only if the block succeeds."""
+def atomic_path(path: str | os.PathLike, atomic: bool = True) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; rename it into place only if the block succeeds.
+
+    ``atomic=False`` yields ``path`` itself: the caller already writes to a temporary file
+    (an :class:`mrtf.io.outputs.Outputs` unit renames it later).
+    """
     target = Path(path)
+    if not atomic:
+        yield target
+        return
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
+    tmp_path = make_temp(target)
     try:
         yield tmp_path
         os.replace(tmp_path, target)

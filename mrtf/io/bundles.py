@@ -9,21 +9,30 @@ the caller lists it in ``trusted_archs``.
 from __future__ import annotations
 
 import json
-import math
 import os
-import pickle
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, safe_open, save_file
+from safetensors.torch import save
 from torch import nn
 
 from mrtf.errors import InputError
 from mrtf.io.atomic import atomic_path
+from mrtf.io.limits import (
+    MAX_CLASSES,
+    MAX_COUNT,
+    MAX_LOSS,
+    MAX_ROUND,
+    bounded_float,
+    bounded_int,
+    check_regular_file,
+    reference_shapes,
+)
+from mrtf.io.readers import first_line, load_safetensors, peek_safetensors, read_pt
+from mrtf.io.weights import check_against_reference, normalise_weights
 from mrtf.models import build_model
 
 ROLES = ("local", "global", "refined")
@@ -72,51 +81,79 @@ class BundleMeta:
         try:
             meta = cls(
                 arch=str(head["mrtf.arch"]),
-                num_classes=int(head["mrtf.num_classes"]),
+                num_classes=_int(head["mrtf.num_classes"]),
                 arch_kwargs=json.loads(head.get("mrtf.arch_kwargs", "{}")),
                 party=head.get("mrtf.party"),
                 label_counts=(json.loads(head["mrtf.label_counts"])
                               if "mrtf.label_counts" in head else None),
-                n_samples=int(head["mrtf.n_samples"]) if "mrtf.n_samples" in head else None,
+                n_samples=_int(head["mrtf.n_samples"]) if "mrtf.n_samples" in head else None,
                 train_loss=(float(head["mrtf.train_loss"])
                             if "mrtf.train_loss" in head else None),
-                round=int(head["mrtf.round"]) if "mrtf.round" in head else None,
+                round=_int(head["mrtf.round"]) if "mrtf.round" in head else None,
                 role=head.get("mrtf.role", "local"),
                 extra={k: str(v) for k, v in head.items()
                        if k.startswith("mrtf.") and k[5:] not in _META_KEYS},
             )
-        except (ValueError, TypeError) as exc:
-            raise bad(f"malformed metadata: {exc}") from None
+        except (ValueError, TypeError, RecursionError) as exc:
+            raise bad(f"malformed metadata: {first_line(exc)}") from None
         meta.validate(source)
         return meta
 
     def validate(self, source: str) -> None:
+        """Types and bounds of every field; raises InputError naming ``source``."""
+        try:
+            self._validate()
+        except InputError as exc:
+            raise InputError(f"{source}: {exc}") from None
+
+    def _validate(self) -> None:
         if not isinstance(self.arch_kwargs, dict):
-            raise InputError(f"{source}: mrtf.arch_kwargs must be a JSON object")
-        if self.num_classes < 2:
-            raise InputError(f"{source}: mrtf.num_classes must be >= 2, got {self.num_classes}")
+            raise InputError("mrtf.arch_kwargs must be a JSON object")
+        bounded_int(self.num_classes, "mrtf.num_classes", 2, MAX_CLASSES)
         if self.role not in ROLES:
-            raise InputError(f"{source}: mrtf.role must be one of {ROLES}, got {self.role!r}")
+            raise InputError(f"mrtf.role must be one of {ROLES}, got {str(self.role)[:40]!r}")
         if self.label_counts is not None:
             lc = self.label_counts
             if (not isinstance(lc, list) or len(lc) != self.num_classes
-                    or not all(isinstance(c, int) and c >= 0 for c in lc)):
+                    or not all(isinstance(c, int) and not isinstance(c, bool)
+                               and 0 <= c <= MAX_COUNT for c in lc)):
                 raise InputError(
-                    f"{source}: mrtf.label_counts must be {self.num_classes} non-negative "
-                    f"integers (one per class), got {str(lc)[:80]}")
-        if self.train_loss is not None and not math.isfinite(self.train_loss):
-            raise InputError(f"{source}: mrtf.train_loss is not finite")
-        if self.n_samples is not None and self.n_samples < 0:
-            raise InputError(f"{source}: mrtf.n_samples is negative")
+                    f"mrtf.label_counts must be {self.num_classes} integers in [0, "
+                    f"{MAX_COUNT:.0e}] (one per class), got {str(lc)[:80]}")
+            if sum(lc) == 0:
+                raise InputError("mrtf.label_counts are all zero (a party that trained on "
+                                 "no samples)")
+        if self.n_samples is not None:
+            bounded_int(self.n_samples, "mrtf.n_samples", 1, MAX_COUNT)
+            if self.label_counts is not None and sum(self.label_counts) != self.n_samples:
+                raise InputError(f"mrtf.n_samples ({self.n_samples}) disagrees with the sum of "
+                                 f"mrtf.label_counts ({sum(self.label_counts)})")
+        if self.train_loss is not None:
+            bounded_float(self.train_loss, "mrtf.train_loss", 0.0, MAX_LOSS)
+        if self.round is not None:
+            bounded_int(self.round, "mrtf.round", 0, MAX_ROUND)
+
+
+def _int(text: str) -> int:
+    """An integer header value; at most 30 digits (Python's int() of a 10^400 string works,
+    and then overflows as soon as it meets a float)."""
+    text = str(text).strip()
+    if len(text) > 30:
+        raise ValueError(f"integer of {len(text)} characters is out of range")
+    return int(text)
 
 
 @dataclass
 class ReceivedModel:
-    """One validated party model: its metadata, its weights and where it came from."""
+    """One validated party model: its metadata, its weights and where it came from.
+
+    ``notes`` says what was converted on load (e.g. float16 weights to float32).
+    """
 
     path: Path
     meta: BundleMeta
     state_dict: dict[str, torch.Tensor]
+    notes: list[str] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -130,36 +167,47 @@ class ReceivedModel:
 
 
 def save_bundle(path: str | os.PathLike, model: nn.Module | dict[str, torch.Tensor],
-                meta: BundleMeta) -> Path:
+                meta: BundleMeta, atomic: bool = True, require_finite: bool = False) -> Path:
     """Write ``model`` (a module or a state dict) with ``meta`` as a ``.safetensors`` bundle.
 
-    The file is written beside the target and renamed into place.
+    The file is written beside the target and renamed into place (``atomic=False``: ``path``
+    is already a temporary file). With ``require_finite`` (the CLI's outputs), weights that
+    are not finite are refused: such a model could not be received again. (Tests write
+    broken bundles on purpose, hence the default.)
     """
     state = model.state_dict() if isinstance(model, nn.Module) else model
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}
     meta.validate(str(path))
+    for key, t in tensors.items() if require_finite else ():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise InputError(f"{path}: the model to write has NaN or infinite weights "
+                             f"({key}); not written")
+    # serialise in memory and write the bytes ourselves: safetensors' save_file keeps its
+    # own temporary file, which a killed run would leave behind
+    data = save(tensors, metadata=meta.to_header())
     out = Path(path)
-    with atomic_path(out) as tmp:
-        save_file(tensors, str(tmp), metadata=meta.to_header())
+    with atomic_path(out, atomic) as tmp:
+        tmp.write_bytes(data)
     return out
 
 
 def load_bundle(path: str | os.PathLike, trusted_archs: Collection[str] = ()) -> ReceivedModel:
     """Read and validate one bundle (``.safetensors`` or ``.pt`` + ``.json`` sidecar).
 
-    Validation: known architecture (custom ``module:factory`` only if in ``trusted_archs``),
-    state dict matches the architecture key for key and shape for shape, all values finite,
-    label counts of the right length. Raises InputError naming the file and the reason.
+    Validation, in this order so that nothing big is built or read for a bad file: a regular
+    file within the size cap; metadata types and bounds; known architecture (custom
+    ``module:factory`` only if in ``trusted_archs``) of bounded size, built on the meta device;
+    the file's keys, shapes and dtypes against it (from the safetensors header, before the
+    weights are read); then the values (finite, bounded). Raises InputError naming the file.
     """
     p = Path(path)
-    if not p.exists():
-        raise InputError(f"{p}: no such file")
-    if not p.is_file():
-        raise InputError(f"{p}: not a file")
+    check_regular_file(p, "model file")
     if p.suffix == ".safetensors":
-        head, state = _read_safetensors(p)
+        head, found = peek_safetensors(p)
+        state = None
     elif p.suffix == ".pt":
-        head, state = _read_pt(p)
+        head, state = read_pt(p)
+        found = {k: (tuple(v.shape), v.dtype) for k, v in state.items()}
     else:
         raise InputError(f"{p}: unknown model file type (expected .safetensors or .pt + .json)")
     meta = BundleMeta.from_header(head, str(p))
@@ -167,77 +215,36 @@ def load_bundle(path: str | os.PathLike, trusted_archs: Collection[str] = ()) ->
         raise InputError(
             f"{p}: custom architecture {meta.arch!r} is code; received files may not run code "
             "(trust it explicitly with --trust-arch)")
-    check_state(p, meta, state)
-    return ReceivedModel(path=p, meta=meta, state_dict=state)
+    try:
+        ref = reference_shapes(meta.arch, meta.num_classes, meta.arch_kwargs)
+    except InputError as exc:
+        raise InputError(f"{p}: {exc}") from None
+    check_against_reference(p, meta.arch, meta.num_classes, found, ref)
+    if state is None:
+        state = load_safetensors(p)
+    state, notes = normalise_weights(p, state, ref)
+    return ReceivedModel(path=p, meta=meta, state_dict=state, notes=notes)
 
 
 def check_state(p: Path, meta: BundleMeta, state: dict[str, torch.Tensor]) -> None:
-    """State dict vs. architecture: same keys, same shapes, finite values."""
+    """State dict vs. architecture: same keys, same shapes, accepted dtypes, finite values."""
     try:
-        ref = build_model(meta.arch, meta.num_classes, **meta.arch_kwargs).state_dict()
+        ref = reference_shapes(meta.arch, meta.num_classes, meta.arch_kwargs)
     except InputError as exc:
         raise InputError(f"{p}: {exc}") from None
-    missing, unexpected = sorted(set(ref) - set(state)), sorted(set(state) - set(ref))
-    if missing or unexpected:
-        what = [f"missing {', '.join(missing[:3])}" if missing else "",
-                f"unexpected {', '.join(unexpected[:3])}" if unexpected else ""]
-        raise InputError(f"{p}: weights do not match {meta.arch!r}: "
-                         + "; ".join(w for w in what if w))
-    for key, tensor in state.items():
-        if tuple(tensor.shape) != tuple(ref[key].shape):
-            raise InputError(f"{p}: {key} has shape {tuple(tensor.shape)}, {meta.arch!r} with "
-                             f"{meta.num_classes} classes needs {tuple(ref[key].shape)}")
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise InputError(f"{p}: {key} holds NaN or infinite values")
-
-
-def _read_safetensors(p: Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
-    try:
-        with safe_open(str(p), framework="pt") as f:
-            head = dict(f.metadata() or {})
-        state = load_file(str(p))
-    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        raise InputError(f"{p}: corrupt or truncated safetensors file ({_first_line(exc)})"
-                         ) from None
-    return head, state
-
-
-def _read_pt(p: Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
-    sidecar = p.with_suffix(".json")
-    if not sidecar.exists():
-        raise InputError(f"{p}: a .pt model needs a {sidecar.name} sidecar with its mrtf.* keys")
-    try:
-        raw = json.loads(sidecar.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{sidecar}: unreadable JSON ({_first_line(exc)})") from None
-    if not isinstance(raw, dict):
-        raise InputError(f"{sidecar}: must hold a JSON object")
-    head = {(k if k.startswith("mrtf.") else f"mrtf.{k}"):
-            (v if isinstance(v, str) else json.dumps(v)) for k, v in raw.items()}
-    try:
-        # weights_only=True: the unpickler accepts tensors and plain containers only, so a
-        # pickle carrying code is refused before anything in it runs.
-        state = torch.load(str(p), map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError,
-            AttributeError, TypeError) as exc:
-        raise InputError(f"{p}: refused to load ({_first_line(exc)})") from None
-    if not isinstance(state, dict) or not all(
-            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
-        raise InputError(f"{p}: not a state dict of named tensors")
-    return head, state
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:160] if text else type(exc).__name__
+    check_against_reference(p, meta.arch, meta.num_classes,
+                            {k: (tuple(v.shape), v.dtype) for k, v in state.items()}, ref)
+    normalise_weights(p, state, ref)
 
 
 @dataclass
 class ReceivedSet:
-    """All valid models of a received directory, and the files refused with reasons."""
+    """All valid models of a received directory, the files refused with reasons, and notes
+    (entries skipped, conversions made) the caller should show."""
 
     models: list[ReceivedModel]
     refused: list[tuple[Path, str]]
+    notes: list[str] = field(default_factory=list)
 
     @property
     def num_classes(self) -> int:
@@ -247,26 +254,75 @@ class ReceivedSet:
         return [m for m in self.models if m.meta.role == role]
 
 
-def model_files(directory: str | os.PathLike) -> list[Path]:
-    """The model files of a received directory, sorted by name."""
+MODEL_SUFFIXES = (".safetensors", ".pt")
+
+
+def scan_received(directory: str | os.PathLike
+                  ) -> tuple[list[Path], list[tuple[Path, str]], list[str]]:
+    """The entries of a received directory: (model files, refused entries, notes), by name.
+
+    Links are never followed (a link could point at ``/dev/zero``, loop, or leave the
+    directory and load another party's file twice) and only regular files are opened: a
+    model-named entry that is a link, a FIFO, a device or a directory is refused. Hidden
+    entries (temporary files of an interrupted copy) and ``.pt`` sidecars are ignored; any
+    other entry is skipped with a note. Sub-directories are not searched.
+    """
     d = Path(directory)
     if not d.exists():
         raise InputError(f"{d}: no such directory")
     if not d.is_dir():
         raise InputError(f"{d}: not a directory of received models")
-    return sorted(f for f in d.iterdir() if f.suffix in (".safetensors", ".pt") and f.is_file())
+    try:
+        entries = sorted(os.scandir(d), key=lambda e: e.name)
+    except OSError as exc:
+        raise InputError(f"{d}: cannot list ({exc.strerror})") from None
+    names = {e.name for e in entries}
+    files: list[Path] = []
+    refused: list[tuple[Path, str]] = []
+    notes: list[str] = []
+    for e in entries:
+        path, suffix = d / e.name, Path(e.name).suffix
+        if e.name.startswith("."):
+            continue
+        if suffix == ".json" and f"{Path(e.name).stem}.pt" in names:
+            continue  # a .pt's sidecar, read with it
+        if e.is_symlink():
+            why = "a symbolic link; received models must be regular files in the directory " \
+                  "(links are not followed)"
+        elif e.is_file(follow_symlinks=False):
+            if suffix in MODEL_SUFFIXES:
+                files.append(path)
+            else:
+                notes.append(f"skipped {e.name} (not a .safetensors or .pt model)")
+            continue
+        elif e.is_dir(follow_symlinks=False):
+            why = "a directory (received directories are not searched recursively)"
+        else:
+            why = "not a regular file (a FIFO, socket or device)"
+        if suffix in MODEL_SUFFIXES:
+            refused.append((path, why))
+        else:
+            notes.append(f"skipped {e.name}: {why}")
+    return files, refused, notes
+
+
+def model_files(directory: str | os.PathLike) -> list[Path]:
+    """The regular model files of a received directory, sorted by name."""
+    return scan_received(directory)[0]
 
 
 def load_received(directory: str | os.PathLike, trusted_archs: Collection[str] = (),
                   strict: bool = True) -> ReceivedSet:
     """Load every model in ``directory``; check that all agree on the class count.
 
-    ``strict`` (default) raises on the first bad file; otherwise bad files are listed in
-    ``refused`` (what ``mrtf inspect`` shows).
+    ``strict`` (default) raises on the first bad file or entry; otherwise bad ones are listed
+    in ``refused`` (what ``mrtf inspect`` shows).
     """
-    files = model_files(directory)
+    files, refused, notes = scan_received(directory)
+    if strict and refused:
+        path, why = refused[0]
+        raise InputError(f"{path}: {why}")
     models: list[ReceivedModel] = []
-    refused: list[tuple[Path, str]] = []
     for f in files:
         try:
             models.append(load_bundle(f, trusted_archs))
@@ -274,13 +330,15 @@ def load_received(directory: str | os.PathLike, trusted_archs: Collection[str] =
             if strict:
                 raise
             refused.append((f, str(exc).removeprefix(f"{f}: ")))
+    refused.sort(key=lambda r: r[0].name)
     if strict and not models:
         raise InputError(f"{directory}: holds no received models (.safetensors or .pt)")
     classes = {m.meta.num_classes for m in models}
     if len(classes) > 1:
         detail = ", ".join(f"{m.path.name}={m.meta.num_classes}" for m in models)
         raise InputError(f"{directory}: parties disagree on the class count ({detail})")
-    return ReceivedSet(models=models, refused=refused)
+    notes += [f"{m.path.name}: {n}" for m in models for n in m.notes]
+    return ReceivedSet(models=models, refused=refused, notes=notes)
 
 
 def check_same_classes(models: Sequence[ReceivedModel], num_classes: int, what: str) -> None:

@@ -6,6 +6,7 @@ Datasets are read in chunks, so M may exceed memory. ``x`` is float32, or uint8 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterator
@@ -20,19 +21,41 @@ import numpy as np
 import mrtf
 from mrtf.errors import InputError
 from mrtf.io.atomic import atomic_path
+from mrtf.io.limits import (
+    MAX_ABS_X,
+    MAX_CLASSES,
+    MAX_SAMPLE_VALUES,
+    check_memory,
+    check_regular_file,
+)
 
 
 def _open(path: str | os.PathLike) -> h5py.File:
     p = Path(path)
-    if not p.exists():
-        raise InputError(f"{p}: no such file")
-    if not p.is_file():
-        raise InputError(f"{p}: not a file")
+    check_regular_file(p, "HDF5 file", max_bytes=1 << 62)  # a FIFO or device is not opened
     try:
         return h5py.File(p, "r")
     except OSError as exc:
         raise InputError(f"{p}: not a readable HDF5 file ({str(exc).splitlines()[0][:120]})"
                          ) from None
+
+
+def _plain(p: Path, name: str, ds: h5py.Dataset) -> None:
+    """Refuse a virtual or external dataset: it reads other files (any raw file, for external
+    storage) and can declare far more rows than its file holds."""
+    if ds.is_virtual or ds.external:
+        raise InputError(f"{p}: '{name}' is a {'virtual' if ds.is_virtual else 'external'} "
+                         "dataset (it reads other files); store it as a plain dataset")
+
+
+@contextlib.contextmanager
+def _reading(p: Path, name: str) -> Iterator[None]:
+    """A read error inside the file (corrupt compressed chunks, truncation) is one line."""
+    try:
+        yield
+    except OSError as exc:
+        raise InputError(f"{p}: cannot read '{name}' (corrupt or truncated file: "
+                         f"{str(exc).splitlines()[0][:100]})") from None
 
 
 class H5Dataset:
@@ -57,16 +80,28 @@ class H5Dataset:
         if "x" not in f or not isinstance(f["x"], h5py.Dataset):
             raise InputError(f"{p}: has no dataset 'x' (the images to label)")
         x = f["x"]
+        _plain(p, "x", x)
         if x.ndim < 2:
             raise InputError(f"{p}: 'x' must be (M, ...) with at least 2 dims, got {x.shape}")
-        if x.dtype not in (np.float32, np.float64, np.uint8, np.float16, np.int64, np.int32):
-            raise InputError(f"{p}: 'x' has dtype {x.dtype}; expected float32 or uint8")
+        # integers other than uint8 have no agreed scale (0-255? 0-65535?): refused rather
+        # than read unscaled; float16/float64 are read as float32
+        if x.dtype not in (np.float32, np.float64, np.float16, np.uint8):
+            raise InputError(f"{p}: 'x' has dtype {x.dtype}; expected float32 (float16/64 are "
+                             "converted) or uint8 pixels (scaled by 1/255)")
         if x.shape[0] == 0:
             raise InputError(f"{p}: 'x' is empty (0 samples)")
+        per_row = int(np.prod(x.shape[1:], dtype=np.float64))
+        if per_row > MAX_SAMPLE_VALUES:
+            raise InputError(f"{p}: one sample of 'x' holds {per_row:,} values, more than the "
+                             f"{MAX_SAMPLE_VALUES:,} any mrtf model takes")
         for key in ("y", "ids"):
-            if key in f and f[key].shape[0] != x.shape[0]:
-                raise InputError(f"{p}: '{key}' has {f[key].shape[0]} rows but 'x' has "
-                                 f"{x.shape[0]}")
+            if key in f:
+                if not isinstance(f[key], h5py.Dataset) or f[key].ndim == 0:
+                    raise InputError(f"{p}: '{key}' must be an array with one row per sample")
+                _plain(p, key, f[key])
+                if f[key].shape[0] != x.shape[0]:
+                    raise InputError(f"{p}: '{key}' has {f[key].shape[0]} rows but 'x' has "
+                                     f"{x.shape[0]}")
         if "y" in f and (f["y"].ndim != 1 or f["y"].dtype.kind not in "iu"):
             raise InputError(f"{p}: 'y' must be a 1-d integer array")
 
@@ -83,19 +118,38 @@ class H5Dataset:
 
     def labels(self) -> np.ndarray | None:
         """``y`` as int64, or None. For scoring only."""
-        return self._file["y"][:].astype(np.int64) if self.has_labels else None
+        if not self.has_labels:
+            return None
+        with _reading(self.path, "y"):
+            y = self._file["y"][:]
+        if y.dtype.kind == "u" and y.size and int(y.max()) > np.iinfo(np.int64).max:
+            raise InputError(f"{self.path}: 'y' holds values beyond int64")
+        return y.astype(np.int64)
 
     def ids(self) -> np.ndarray | None:
-        return self._file["ids"][:] if "ids" in self._file else None
+        if "ids" not in self._file:
+            return None
+        with _reading(self.path, "ids"):
+            return self._file["ids"][:]
 
     def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Rows [start, stop) of ``x`` as float32 (uint8 scaled by 1/255)."""
-        x = self._file["x"][start:stop]
+        with _reading(self.path, "x"):
+            x = self._file["x"][start:stop]
+        return self._as_float(x)
+
+    def _as_float(self, x: np.ndarray) -> np.ndarray:
         if x.dtype == np.uint8:
             return x.astype(np.float32) / 255.0
-        x = x.astype(np.float32, copy=False)
+        with np.errstate(over="ignore"):  # float64 beyond float32's range becomes inf: refused
+            x = x.astype(np.float32, copy=False)
         if not np.isfinite(x).all():
-            raise InputError(f"{self.path}: 'x' holds NaN or infinite values")
+            raise InputError(f"{self.path}: 'x' holds NaN or infinite values (or values beyond "
+                             "float32's range)")
+        if x.size and float(np.abs(x).max()) > MAX_ABS_X:
+            raise InputError(f"{self.path}: 'x' holds values up to {float(np.abs(x).max()):.3g}"
+                             f", beyond the ±{MAX_ABS_X:.0e} mrtf accepts (the forward pass "
+                             "would overflow float32); rescale the data")
         return x
 
     def chunks(self, size: int = 4096) -> Iterator[tuple[int, np.ndarray]]:
@@ -108,8 +162,9 @@ class H5Dataset:
         indices = np.asarray(indices, dtype=np.int64)
         order = np.argsort(indices)
         uniq, inverse = np.unique(indices[order], return_inverse=True)
-        x = self._file["x"][uniq]
-        x = x.astype(np.float32) / 255.0 if x.dtype == np.uint8 else x.astype(np.float32)
+        with _reading(self.path, "x"):
+            x = self._file["x"][uniq]
+        x = self._as_float(x)
         out = np.empty((len(indices), *x.shape[1:]), dtype=np.float32)
         out[order] = x[inverse]
         return out
@@ -174,15 +229,18 @@ def read_dataset(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray | None
 
 
 def write_dataset(path: str | os.PathLike, x: np.ndarray, y: np.ndarray | None = None,
-                  ids: np.ndarray | None = None, attrs: dict[str, Any] | None = None) -> Path:
-    """Write a dataset file atomically. ``x`` (M, ...) float32 or uint8; ``y`` (M,) int64."""
+                  ids: np.ndarray | None = None, attrs: dict[str, Any] | None = None,
+                  atomic: bool = True) -> Path:
+    """Write a dataset file atomically. ``x`` (M, ...) float32 or uint8; ``y`` (M,) int64.
+
+    ``atomic=False``: ``path`` is already a temporary file (see :mod:`mrtf.io.outputs`)."""
     x = np.asarray(x)
     if x.shape[0] == 0:
         raise InputError(f"{path}: refusing to write an empty dataset")
     if x.dtype != np.uint8:
         x = x.astype(np.float32, copy=False)
     out = Path(path)
-    with atomic_path(out) as tmp, h5py.File(tmp, "w") as f:
+    with atomic_path(out, atomic) as tmp, h5py.File(tmp, "w") as f:
         chunk_rows = max(1, min(len(x), (1 << 20) // max(1, x[0].nbytes)))
         f.create_dataset("x", data=x, chunks=(chunk_rows, *x.shape[1:]))
         if y is not None:
@@ -219,10 +277,17 @@ class LabelSet:
 
 
 def write_labels(path: str | os.PathLike, labels: LabelSet, method: str,
-                 config: dict[str, Any], parties: list[str]) -> Path:
-    """Write a labels file atomically (temporary file beside the target, then rename)."""
+                 config: dict[str, Any], parties: list[str], atomic: bool = True) -> Path:
+    """Write a labels file atomically (temporary file beside the target, then rename).
+
+    Non-finite probabilities (a model whose outputs overflow float32) are refused: they would
+    make labels that mean nothing. ``atomic=False``: ``path`` is already a temporary file."""
+    if not np.isfinite(labels.probs).all():
+        bad = int((~np.isfinite(labels.probs)).any(1).sum())
+        raise InputError(f"the model's outputs are not finite for {bad} of {len(labels.probs)} "
+                         "samples (its weights or the data overflow float32); no labels written")
     out = Path(path)
-    with atomic_path(out) as tmp, h5py.File(tmp, "w") as f:
+    with atomic_path(out, atomic) as tmp, h5py.File(tmp, "w") as f:
         f.create_dataset("labels", data=labels.labels.astype(np.int64))
         f.create_dataset("probs", data=labels.probs.astype(np.float32))
         f.create_dataset("confidence", data=labels.confidence.astype(np.float32))
@@ -239,14 +304,36 @@ def write_labels(path: str | os.PathLike, labels: LabelSet, method: str,
 
 def read_labels(path: str | os.PathLike) -> LabelSet:
     """Read a labels file written by :func:`write_labels`."""
-    with _open(path) as f:
-        if "labels" not in f:
-            raise InputError(f"{path}: has no dataset 'labels' (not an mrtf labels file)")
-        probs = f["probs"][:] if "probs" in f else None
-        labels = f["labels"][:].astype(np.int64)
-        ids = f["ids"][:] if "ids" in f else None
+    p = Path(path)
+    with _open(p) as f:
+        if "labels" not in f or not isinstance(f["labels"], h5py.Dataset):
+            raise InputError(f"{p}: has no dataset 'labels' (not an mrtf labels file)")
+        for key in ("labels", "probs", "ids"):
+            if key in f:
+                if not isinstance(f[key], h5py.Dataset):
+                    raise InputError(f"{p}: '{key}' is not a dataset")
+                _plain(p, key, f[key])
+        lab = f["labels"]
+        if lab.ndim != 1 or lab.dtype.kind not in "iu" or lab.shape[0] == 0:
+            raise InputError(f"{p}: 'labels' must be a non-empty 1-d integer array")
+        if "probs" in f and (f["probs"].ndim != 2 or f["probs"].shape[0] != lab.shape[0]
+                             or not 2 <= f["probs"].shape[1] <= MAX_CLASSES):
+            raise InputError(f"{p}: 'probs' must be (M, C) with M = {lab.shape[0]} rows and "
+                             f"2 <= C <= {MAX_CLASSES}, got {f['probs'].shape}")
+        declared = f["probs"].shape[1] if "probs" in f else 1
+        check_memory(lab.shape[0] * (declared + 3) * 8, f"reading {p.name}")
+        with _reading(p, "labels"):
+            raw = lab[:]
+            probs = f["probs"][:].astype(np.float32) if "probs" in f else None
+            ids = f["ids"][:] if "ids" in f else None
         attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+    c = probs.shape[1] if probs is not None else MAX_CLASSES
+    if int(raw.min()) < 0 or int(raw.max()) >= c:
+        raise InputError(f"{p}: 'labels' holds {int(raw.min())}..{int(raw.max())}, outside "
+                         f"the classes 0..{c - 1}")
+    labels = raw.astype(np.int64)
     if probs is None:
+        check_memory(len(labels) * (int(labels.max()) + 1) * 4, f"expanding {p.name}")
         probs = np.eye(int(labels.max()) + 1, dtype=np.float32)[labels]
     return LabelSet(labels=labels, probs=probs, ids=ids, attrs=attrs)
 

@@ -1,0 +1,87 @@
+"""Reading one received file without trusting it: the safetensors header before the
+weights, a ``.pt`` only through torch's weights-only unpickler after a zip-size check."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, safe_open
+
+from mrtf.errors import InputError
+from mrtf.io.limits import MAX_SIDECAR_BYTES, check_regular_file, check_zip_sizes
+from mrtf.io.weights import ST_DTYPES
+
+_SAFETENSORS_ERRORS = (SafetensorError, OSError, ValueError, RuntimeError, TypeError)
+
+
+def peek_safetensors(p: Path) -> tuple[dict[str, str], dict[str, tuple]]:
+    """Metadata and (shape, dtype) of every tensor, from the header alone."""
+    try:
+        with safe_open(str(p), framework="pt") as f:
+            head = dict(f.metadata() or {})
+            found = {}
+            for key in f.keys():
+                sl = f.get_slice(key)
+                found[key] = (tuple(sl.get_shape()), ST_DTYPES.get(sl.get_dtype()))
+    except _SAFETENSORS_ERRORS as exc:
+        raise InputError(f"{p}: corrupt or truncated safetensors file ({first_line(exc)})"
+                         ) from None
+    return head, found
+
+
+def load_safetensors(p: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(p))
+    except _SAFETENSORS_ERRORS as exc:
+        raise InputError(f"{p}: corrupt or truncated safetensors file ({first_line(exc)})"
+                         ) from None
+
+
+def read_pt(p: Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+    sidecar = p.with_suffix(".json")
+    if not sidecar.exists() and not sidecar.is_symlink():
+        raise InputError(f"{p}: a .pt model needs a {sidecar.name} sidecar with its mrtf.* keys")
+    if sidecar.is_symlink():  # as for the models: links beside received files are not followed
+        raise InputError(f"{sidecar}: a symbolic link; a sidecar must be a regular file")
+    check_regular_file(sidecar, "sidecar", MAX_SIDECAR_BYTES)
+    try:
+        raw = json.loads(sidecar.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise InputError(f"{sidecar}: unreadable JSON ({first_line(exc)})") from None
+    if not isinstance(raw, dict):
+        raise InputError(f"{sidecar}: must hold a JSON object")
+    try:
+        head = {(k if k.startswith("mrtf.") else f"mrtf.{k}"):
+                (v if isinstance(v, str) else json.dumps(v)) for k, v in raw.items()}
+    except (ValueError, RecursionError) as exc:
+        raise InputError(f"{sidecar}: unusable JSON values ({first_line(exc)})") from None
+    # A zip whose entries unpack to more than the cap is a decompression bomb: refused from
+    # the zip's directory before torch inflates anything.
+    check_zip_sizes(p)
+    try:
+        # weights_only=True: the unpickler accepts tensors and plain containers only, so a
+        # pickle carrying code is refused before anything in it runs.
+        state = torch.load(str(p), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        # torch's own message advises weights_only=False, the wrong advice for an untrusted
+        # file: say why it is refused instead.
+        raise InputError(f"{p}: refused to load: the pickle holds objects other than tensors "
+                         "and plain containers (possibly code); received files may hold "
+                         "tensors only (use a .safetensors file)") from None
+    except (RuntimeError, EOFError, OSError, ValueError, AttributeError, TypeError,
+            MemoryError) as exc:
+        raise InputError(f"{p}: refused to load (not a readable torch file: "
+                         f"{first_line(exc)})") from None
+    if not isinstance(state, dict) or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
+        raise InputError(f"{p}: not a state dict of named tensors")
+    return head, state
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:160] if text else type(exc).__name__
