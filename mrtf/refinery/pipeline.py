@@ -321,6 +321,8 @@ def refine(received, source, config: RefineConfig | None = None,
         feats_of = self_model if spec.features and not skip_clr else None
         out = teacher_logits(teachers, source, config.inference_batch, dev, feats_of,
                              config.stack, progress=config.progress)
+    if out is not None:
+        _check_finite(out.logits)
     if out is not None and teachers[-1] is self_model:
         before = _softmax_np(out.logits[-1])
     else:
@@ -347,6 +349,16 @@ def refine(received, source, config: RefineConfig | None = None,
     if "adaptive" in extra:
         info.update(_trust_info(extra["adaptive"], probs, before))
     return RefineResult(model.eval(), probs, targets, before, info, timings)
+
+
+def _check_finite(logits: np.ndarray) -> None:
+    """Refuse teacher outputs that overflowed: NaN targets would only surface later as a
+    diverged distillation or a failed clustering, far from their cause."""
+    bad = ~np.isfinite(logits).all(axis=(0, 2))
+    if bad.any():
+        raise InputError(f"the received models' outputs are not finite on {int(bad.sum())} of "
+                         f"{len(bad)} target samples (their weights or the data overflow "
+                         "float32); rescale the data or check the models")
 
 
 def _live_start(plan: _Plan, before: np.ndarray, config: RefineConfig, notes: list[str],
