@@ -54,11 +54,11 @@ from mrtf.refinery.adaptive import input_independent
 METHODS = ("fedavg", "feddf", "st", "st+rd", "mrtf", "adaptive", "fedftg", "fedkf")
 REFINERY_METHODS = ("feddf", "st", "st+rd", "mrtf", "adaptive")
 #: in-loop methods whose clients train on the plain average while the pilot party refines
-#: (and scores) every round. Measured on mnist5k label:3, seed 1: sending adaptive's refined
-#: model (0.29-0.40 accurate after rounds 1-6) kept the next rounds' averages at 0.08-0.16,
-#: with its logit scale calmed to the average's too, while the plain average reached 0.38
-#: by round 8 (runs/explore/exp10.py in the issue-10 note). The paper's methods send what
-#: they refine, as Sect. 4.4 says (--keep-training-on-average switches them too).
+#: (and scores) every round. Measured on mnist5k label:3 (bench/send_refined.py): clients
+#: that start from adaptive's refined model (0.29-0.40 accurate) produced averages at
+#: 0.08-0.16 round after round, also with its logit scale calmed to the average's. The
+#: paper's methods send what they refine, as Sect. 4.4 says (--keep-training-on-average
+#: switches them too).
 TRAIN_ON_AVERAGE = ("adaptive",)
 #: columns every metrics row carries (None where a method has no such model)
 SCORES = ("averaged", "ensemble", "refined", "aca", "oca")
