@@ -219,7 +219,7 @@ def plot(summary: dict, methods: list[str], path: Path) -> None:
     ax.set_ylim(0, 1)
     ax.set_ylabel("label accuracy on the target set")
     ax.set_title("Label quality per cell (bars: mean of seeds; whiskers: min-max over seeds)")
-    ax.legend(ncols=4, fontsize=8, loc="lower left")
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))  # outside the bars
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
