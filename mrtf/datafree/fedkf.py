@@ -18,11 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mrtf.averaging import average_received
 from mrtf.datafree.common import FusionState, check_finite, freeze
 from mrtf.datafree.config import FusionConfig
 from mrtf.datafree.generators import UnconditionalGenerator, default_noise_dim, sample_noise
 from mrtf.errors import InputError
-from mrtf.federated import average_received
 
 
 def latest_per_party(models: Sequence) -> list:

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from torch import nn
 from tqdm.auto import tqdm
 
+from mrtf.averaging import average_received
 from mrtf.datafree.common import collapse_warning, image_shape_of
 from mrtf.datafree.config import FusionConfig
 from mrtf.datafree.fedftg import run_fedftg
 from mrtf.datafree.fedkf import aca_average, latest_per_party, oca_average, run_fedkf
 from mrtf.device import pick_device
 from mrtf.errors import InputError
-from mrtf.federated import average_received
 
 
 @dataclass

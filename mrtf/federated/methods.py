@@ -53,12 +53,8 @@ from mrtf.refinery.adaptive import input_independent
 
 METHODS = ("fedavg", "feddf", "st", "st+rd", "mrtf", "adaptive", "fedftg", "fedkf")
 REFINERY_METHODS = ("feddf", "st", "st+rd", "mrtf", "adaptive")
-#: in-loop methods whose clients train on the plain average while the pilot party refines
-#: (and scores) every round. Measured on mnist5k label:3 (bench/send_refined.py, seed 1):
-#: clients that start from adaptive's refined model kept the averages at 0.08-0.13 for 15
-#: rounds and the refined labels fell to 0.08; on the plain average they reached 0.20-0.39
-#: and the refined labels 0.43-0.58. The paper's methods send what they refine, as
-#: Sect. 4.4 says (--keep-training-on-average switches them too).
+#: clients train on the plain average, the server refines (and scores) every round: sending
+#: adaptive's refined model stalled training (bench/send_refined.py); the paper sends it.
 TRAIN_ON_AVERAGE = ("adaptive",)
 #: columns every metrics row carries (None where a method has no such model)
 SCORES = ("averaged", "ensemble", "refined", "aca", "oca")

@@ -17,14 +17,15 @@ import numpy as np
 import torch
 from torch import nn
 
+from mrtf.averaging import average_received
 from mrtf.device import pick_device
 from mrtf.errors import InputError
 from mrtf.refinery.adaptive import adaptive_targets, estimated_accuracy, input_independent
 from mrtf.refinery.cluster import prototype_targets
+from mrtf.refinery.config import METHOD_SPECS, METHODS, REF_STD_BATCH, VARIANTS, RefineConfig
 from mrtf.refinery.distill import distill
 from mrtf.refinery.rectify import U_FALLBACK, rectified_targets, u_t
 from mrtf.refinery.teachers import (
-    STACK_MODES,
     _softmax_np,
     avg_logit,
     avg_prob,
@@ -32,79 +33,7 @@ from mrtf.refinery.teachers import (
     teacher_logits,
 )
 
-
-@dataclass(frozen=True)
-class MethodSpec:
-    """What a method needs. teachers: 'none' (θ_{t+1} as it is), 'locals' (S_t) or 'all'
-    (S_t, θ_t and θ_{t+1}); features: θ_{t+1}'s features are kept (CLR / cluster view)."""
-
-    teachers: str
-    features: bool
-    summary: str
-
-
-#: one row per method; the paper's ablation (Fig. 11) plus the adaptive default
-METHOD_SPECS: dict[str, MethodSpec] = {
-    "adaptive": MethodSpec("all", True, "consensus of every source with measured trust "
-                                        "(adaptive.py; the default)"),
-    "fedavg": MethodSpec("none", False, "θ_{t+1}, the parameter average, no refinement"),
-    "feddf": MethodSpec("locals", False, "AvgLogit targets (Eq. 3)"),
-    "st": MethodSpec("locals", False, "stabilized AvgProb targets (Eq. 6-7)"),
-    "st+rd": MethodSpec("all", False, "+ rectified distillation (Eq. 10)"),
-    "mrtf": MethodSpec("all", True, "+ clustered label refinery (Eq. 11-12): the paper's MrTF"),
-}
-METHODS = tuple(METHOD_SPECS)
-VARIANTS = ("paper", "reference")
-#: The reference code normalises logits per inference batch (320-640 samples): we use 512.
-REF_STD_BATCH = 512
-
-
-@dataclass
-class RefineConfig:
-    """Refinement settings (defaults: MrTF paper, Sect. 4-5).
-
-    method : adaptive (default: every source weighted by its measured trust, adaptive.py) |
-        fedavg (θ_{t+1}, no distillation) | feddf (AvgLogit, Eq. 3) | st (stabilized AvgProb,
-        Eq. 6-7) | st+rd (+ rectified targets, Eq. 10) | mrtf (+ clustered label refinery,
-        Eq. 11-12): see METHOD_SPECS.
-    variant : 'paper' or 'reference' (the authors' code, docs/reference-code.md); applies
-        to the paper's methods (adaptive uses the paper's Eq. 6 and distillation settings).
-    lr : None → variant default (paper 3e-4, reference 1e-3).
-    clr_min_round : skip CLR when the received models' round (``mrtf.round``, 0-based) is below
-        this: the paper skips the first 5 rounds, when θ_{t+1}'s features are not yet
-        discriminative (Sect. 4.3); 0 = always apply. Models without a round always get CLR.
-    """
-
-    method: str = "adaptive"
-    variant: str = "paper"
-    tau: float = 4.0
-    steps: int = 500
-    batch_size: int = 64
-    lr: float | None = None
-    clr_iterations: int = 1
-    clr_min_round: int = 5
-    seed: int = 0
-    device: str | None = None
-    progress: bool = True
-    inference_batch: int = 1024
-    stack: str = "auto"
-
-    def validate(self) -> None:
-        def bad(cond: bool, msg: str) -> None:
-            if cond:
-                raise InputError(msg)
-
-        bad(self.method not in METHODS, f"method must be one of {', '.join(METHODS)}, "
-            f"got {self.method!r}")
-        bad(self.variant not in VARIANTS, f"variant must be paper or reference, got "
-            f"{self.variant!r}")
-        bad(not self.tau > 0, f"tau must be > 0, got {self.tau}")
-        bad(self.steps < 0, f"steps must be >= 0, got {self.steps}")
-        bad(self.batch_size < 1, f"batch size must be >= 1, got {self.batch_size}")
-        bad(self.lr is not None and not self.lr > 0, f"lr must be > 0, got {self.lr}")
-        bad(self.clr_iterations < 0, f"clr iterations must be >= 0, got {self.clr_iterations}")
-        bad(self.inference_batch < 1, "inference batch must be >= 1")
-        bad(self.stack not in STACK_MODES, f"stack must be one of {STACK_MODES}")
+__all__ = ["METHODS", "METHOD_SPECS", "VARIANTS", "RefineConfig", "RefineResult", "refine"]
 
 
 @dataclass
@@ -186,8 +115,6 @@ def _party(m) -> str:
 
 def _plan(received, source, config: RefineConfig, student: nn.Module | None,
           dev: torch.device) -> _Plan:
-    from mrtf.federated import average_received
-
     if len(source) == 0:
         raise InputError("the target set is empty (0 samples)")
     locals_r = newest_locals(received)
