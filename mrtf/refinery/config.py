@@ -42,8 +42,9 @@ class RefineConfig:
         fedavg (θ_{t+1}, no distillation) | feddf (AvgLogit, Eq. 3) | st (stabilized AvgProb,
         Eq. 6-7) | st+rd (+ rectified targets, Eq. 10) | mrtf (+ clustered label refinery,
         Eq. 11-12): see METHOD_SPECS.
-    variant : 'paper' or 'reference' (the authors' code, docs/reference-code.md); applies
-        to the paper's methods (adaptive uses the paper's Eq. 6 and distillation settings).
+    variant : 'paper' or 'reference' (the authors' code, docs/reference-code.md): Eq. 6's
+        std and the distillation settings, for every method (adaptive was chosen with
+        'paper', its default).
     lr : None → variant default (paper 3e-4, reference 1e-3).
     clr_min_round : skip CLR when the received models' round (``mrtf.round``, 0-based) is below
         this: the paper skips the first 5 rounds, when θ_{t+1}'s features are not yet
