@@ -1,0 +1,182 @@
+"""Poisoned parties (issue 13): how much does one bad party cost each method's labels?
+
+Received sets of K=10 parties on mnist5k, Dirichlet 0.5, LeNet, 1,000-image target: one-shot
+(1 round, E=20) and after 10 FedAvg rounds (E=2, every party every round). Party 0 (or parties
+0-2) is replaced by: random N(0, 1) weights; its weights × 100; a model trained on its data with
+flipped labels (y + 1 mod 10); an honest model claiming n_samples = 10^6; a flipped model
+claiming n_samples = 10^6 or train_loss = 0; and three flipped parties. The target's y only
+scores. Finished cells are cached under ``--out``, so a stopped run loses nothing.
+
+    OMP_NUM_THREADS=1 python bench/poison.py --shard 0/2 &
+    OMP_NUM_THREADS=1 python bench/poison.py --shard 1/2 &
+    wait; python bench/poison.py --report
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mrtf.federated import local_train, run_fedavg
+from mrtf.federated.runner import RunConfig, prepare_run
+from mrtf.io.bundles import ReceivedModel, ReceivedSet
+from mrtf.io.hdf5 import ArraySource
+from mrtf.models import build_model
+from mrtf.refinery import RefineConfig, accuracy_of, refine
+
+SETTINGS = {
+    "one-shot": RunConfig(dataset="mnist5k", clients=10, split="dirichlet:0.5", ratio=1.0,
+                          rounds=1, epochs=20, batch_size=32),
+    "10-rounds": RunConfig(dataset="mnist5k", clients=10, split="dirichlet:0.5", ratio=1.0,
+                           rounds=10, epochs=2, batch_size=32),
+}
+POISONS = ("clean", "random", "x100", "flipped", "claims-1e6", "claims-1e6+flipped",
+           "loss-0+flipped", "3-flipped")
+METHODS = ("fedavg", "feddf", "mrtf", "adaptive")
+SEEDS = (0, 1, 2)
+
+
+def _received(sim) -> tuple[ReceivedSet, object]:
+    """The last round as the pilot party receives it (in memory, exported metadata)."""
+    from mrtf.io.bundles import BundleMeta
+
+    cfg, last, fed = sim.config, sim.last, sim.federation
+    base = dict(arch=cfg.arch, num_classes=fed.num_classes, arch_kwargs=fed.arch_kwargs,
+                round=last.round)
+    models = [ReceivedModel(Path(f"client-{k:03d}"), BundleMeta(
+        **base, party=f"client-{k:03d}", label_counts=r.label_counts, n_samples=r.n_samples,
+        train_loss=r.train_loss, role="local"), r.model.state_dict())
+        for k, r in zip(last.clients, last.results)]
+    models.append(ReceivedModel(Path("global-start"), BundleMeta(**base, party="server",
+                                                                 role="global"),
+                                last.start_state))
+    return ReceivedSet(models, []), last
+
+
+def _flipped(sim, cfg: RunConfig, k: int, seed: int) -> dict[str, torch.Tensor]:
+    """Party k's model trained from θ_t on its own data with labels y + 1 mod C."""
+    fed, last = sim.federation, sim.last
+    start = build_model(cfg.arch, fed.num_classes, **fed.arch_kwargs)
+    start.load_state_dict(last.start_state)
+    idx = torch.from_numpy(fed.parts[k])
+    y = (fed.y[idx] + 1) % fed.num_classes
+    res = local_train(start, fed.x[idx], y, fed.num_classes, cfg.local_config(),
+                      seed=seed * 7919 + k)
+    return res.model.state_dict()
+
+
+def poisoned(rs: ReceivedSet, sim, cfg: RunConfig, poison: str, seed: int) -> ReceivedSet:
+    """A copy of ``rs`` with party 0 (parties 0-2 for 3-flipped) replaced by ``poison``."""
+    models = [copy.copy(m) for m in rs.models]
+    rng = torch.Generator().manual_seed(seed)
+    victims = [0, 1, 2] if poison == "3-flipped" else [0]
+    for i in victims:
+        m = models[i]
+        k = int(m.meta.party.split("-")[1])
+        state, meta = dict(m.state_dict), m.meta
+        if poison == "random":
+            state = {n: torch.randn(v.shape, generator=rng) if v.is_floating_point() else v
+                     for n, v in state.items()}
+        elif poison == "x100":
+            state = {n: v * 100 if v.is_floating_point() else v for n, v in state.items()}
+        elif "flipped" in poison:
+            state = _flipped(sim, cfg, k, seed)
+        if "claims-1e6" in poison:
+            counts = list(meta.label_counts or [])
+            scale = 10**6 / max(1, sum(counts))
+            counts = [int(round(c * scale)) for c in counts]
+            meta = replace(meta, n_samples=sum(counts), label_counts=counts)
+        if "loss-0" in poison:
+            meta = replace(meta, train_loss=0.0)
+        models[i] = ReceivedModel(m.path, meta, state)
+    return ReceivedSet(models, [])
+
+
+def run_cell(setting: str, seed: int, root: Path, methods=METHODS) -> list[dict]:
+    """Every (poison, method) of one (setting, seed), cached per row."""
+    cfg = SETTINGS[setting]
+    fed = prepare_run(cfg, seed)
+    sim = run_fedavg(cfg.simulation(seed), fed)
+    rs, _ = _received(sim)
+    target = ArraySource(fed.target_x.numpy())
+    y = fed.target_y.numpy()
+    rows = []
+    for poison in POISONS:
+        prs = None
+        for method in methods:
+            path = root / f"{setting}-s{seed}-{poison}-{method}.json"
+            if path.is_file():
+                rows.append(json.loads(path.read_text()))
+                continue
+            prs = prs or poisoned(rs, sim, cfg, poison, seed)
+            t0 = time.perf_counter()
+            res = refine(prs, target, RefineConfig(method=method, seed=seed, progress=False,
+                                                   clr_min_round=0))
+            row = {"setting": setting, "seed": seed, "poison": poison, "method": method,
+                   "accuracy": accuracy_of(res.probs, y),
+                   "seconds": time.perf_counter() - t0,
+                   "trust": res.info.get("trust")}
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(row, indent=1))
+            os.replace(tmp, path)
+            rows.append(row)
+            print(f"{setting:9s} s{seed} {poison:20s} {method:9s} {row['accuracy']:.3f}",
+                  flush=True)
+    return rows
+
+
+def report(root: Path) -> str:
+    rows = [json.loads(p.read_text()) for p in sorted(root.glob("*.json"))]
+    acc: dict[tuple, list[float]] = {}
+    for r in rows:
+        acc.setdefault((r["setting"], r["poison"], r["method"]), []).append(r["accuracy"])
+    lines = []
+    for setting in SETTINGS:
+        lines += [f"\n**{setting}** (mean over seeds; Δ in points against clean)\n",
+                  "| poison | " + " | ".join(METHODS) + " |",
+                  "|---|" + "---|" * len(METHODS)]
+        for poison in POISONS:
+            cells = []
+            for m in METHODS:
+                v = acc.get((setting, poison, m))
+                c = acc.get((setting, "clean", m))
+                if not v:
+                    cells.append("–")
+                    continue
+                delta = "" if poison == "clean" or not c else \
+                    f" ({100 * (np.mean(v) - np.mean(c)):+.1f})"
+                cells.append(f"{np.mean(v):.3f}{delta} [n={len(v)}]")
+            lines.append(f"| {poison} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="runs/poison")
+    ap.add_argument("--seeds", default=",".join(map(str, SEEDS)))
+    ap.add_argument("--shard", default="0/1")
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--report", action="store_true")
+    args = ap.parse_args()
+    root = Path(args.out)
+    root.mkdir(parents=True, exist_ok=True)
+    if args.report:
+        print(report(root))
+        return
+    i, n = map(int, args.shard.split("/"))
+    jobs = [(s, int(seed)) for s in SETTINGS for seed in args.seeds.split(",")]
+    for j, (setting, seed) in enumerate(jobs):
+        if j % n == i:
+            run_cell(setting, seed, root, args.methods.split(","))
+
+
+if __name__ == "__main__":
+    main()
