@@ -18,11 +18,13 @@ from mrtf.io.bundles import (
     model_files,
     save_bundle,
 )
+from mrtf.io.fits import check_model_fits
 from mrtf.io.hdf5 import H5Dataset, LabelSet, read_labels, write_labels
+from mrtf.io.labels_csv import write_labels_csv
 from mrtf.io.limits import MAX_ROUND, check_memory
 from mrtf.io.outputs import Outputs
 from mrtf.models import build_model, image_kwargs
-from mrtf.refinery import METHODS, RefineConfig, accuracy_of, check_fits, predict_probs, refine
+from mrtf.refinery import METHODS, RefineConfig, accuracy_of, predict_probs, refine
 from mrtf.scoring import score_labels
 
 
@@ -34,6 +36,8 @@ from mrtf.scoring import score_labels
               help="Write the labels of --data here (.h5).")
 @click.option("--model", "model_out", type=click.Path(path_type=Path), default=None,
               help="Write the refined model here (.safetensors bundle).")
+@click.option("--csv", "csv_out", type=click.Path(path_type=Path), default=None,
+              help="Also write the labels as CSV: id (file name or row), label, confidence.")
 @click.option("--method", type=click.Choice(METHODS), default="adaptive", show_default=True,
               help="adaptive (every source weighted by its measured trust; the default), "
                    "fedavg (average only), feddf (AvgLogit), st, st+rd, mrtf (the paper: "
@@ -63,13 +67,15 @@ from mrtf.scoring import score_labels
 @click.option("--force", is_flag=True, help="Replace existing outputs.")
 @output_options
 def refine_cmd(received: Path, data: Path | None, labels_out: Path | None,
-               model_out: Path | None, out: Out, **opts: Any) -> None:
+               model_out: Path | None, out: Out, csv_out: Path | None = None, **opts: Any
+               ) -> None:
     """Refine RECEIVED models into one model and labels for --data (MrTF), or, without
     --data, fuse them data-free (FedFTG / FedKF)."""
-    if labels_out is not None and data is None:
-        raise InputError("--labels needs --data (the samples to label)")
-    if labels_out is None and model_out is None:
-        raise InputError("nothing to write: give --labels and/or --model")
+    if (labels_out is not None or csv_out is not None) and data is None:
+        raise InputError("--labels and --csv need --data (the samples to label)")
+    if labels_out is None and model_out is None and csv_out is None:
+        raise InputError("nothing to write: give --labels, --csv and/or --model")
+    opts["csv_out"] = csv_out
     if data is None and opts["dump_samples"] is None and model_out is None:
         raise InputError("data-free fusion needs --model")
     if data is not None and (opts["datafree"] or opts["dump_samples"]):
@@ -78,7 +84,7 @@ def refine_cmd(received: Path, data: Path | None, labels_out: Path | None,
     inputs = [p for f in model_files(received) for p in (f, f.with_suffix(".json"))]
     inputs += [data, opts["student_file"]]
     # outputs are checked, locked and their temporary files created before any heavy work
-    with Outputs([labels_out, model_out, opts["dump_samples"]], opts["force"],
+    with Outputs([labels_out, model_out, csv_out, opts["dump_samples"]], opts["force"],
                  inputs) as outs:
         rs = load_received(received, opts["trust_arch"])
         for note in rs.notes:
@@ -136,18 +142,22 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, outs: Outputs,
                        ["refined model", scores["refined"]]], ["accuracy on --data y", ""]))
     parties = [m.name for m in rs.models]
     config = {**result.info["config"], "u_t": result.info["u_t"]}
-    # both outputs are written to their temporary files first, then renamed together
+    # every output is written to its temporary file first, then they are renamed together
+    labels = LabelSet.from_probs(result.probs, source.ids())
     if labels_out is not None:
         with outs.writing(labels_out) as tmp:
-            write_labels(tmp, LabelSet.from_probs(result.probs, source.ids()), cfg.method,
-                         config, parties, atomic=False)
+            write_labels(tmp, labels, cfg.method, config, parties, atomic=False)
+    if opts["csv_out"] is not None:
+        with outs.writing(opts["csv_out"]) as tmp:
+            write_labels_csv(tmp, labels, atomic=False)
     if model_out is not None:
         meta = refined_meta(rs, student_meta, cfg.method, config)
         with outs.writing(model_out) as tmp:
             save_bundle(tmp, result.model, meta, atomic=False, require_finite=True)
     outs.commit()
-    if labels_out is not None:
-        out.say(f"wrote labels for {len(source)} samples to {labels_out}")
+    for path in (labels_out, opts["csv_out"]):
+        if path is not None:
+            out.say(f"wrote labels for {len(source)} samples to {path}")
     if model_out is not None:
         out.say(f"wrote refined model to {model_out}")
     out.summary({"command": "refine", "method": cfg.method, "variant": cfg.variant,
@@ -157,6 +167,7 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, outs: Outputs,
                  "estimated_accuracy": result.info.get("estimated_accuracy"),
                  "accuracy": scores or None, "timings": result.timings,
                  "labels": str(labels_out) if labels_out else None,
+                 "csv": str(opts["csv_out"]) if opts["csv_out"] else None,
                  "model": str(model_out) if model_out else None})
 
 
@@ -167,12 +178,12 @@ def probe_outputs(rs: ReceivedSet, source: H5Dataset, student: Any = None,
     import torch
 
     x = torch.from_numpy(np.ascontiguousarray(source.read(0, rows)))
-    named = [(m.path.name, m.build, m.meta.num_classes) for m in rs.models]
+    named = [(m.path.name, m.build, m.meta.num_classes, m.meta.arch_kwargs) for m in rs.models]
     if student is not None:
-        named.append(("the student", lambda: student, rs.num_classes))
-    for name, build, classes in named:
+        named.append(("the student", lambda: student, rs.num_classes, {}))
+    for name, build, classes, kwargs in named:
         net = build()
-        check_fits(net, name, source, classes, "cpu")
+        check_model_fits(net, name, source, classes, kwargs)
         with torch.inference_mode():
             logits = net.eval()(x)
         if not bool(torch.isfinite(logits).all()):
@@ -255,38 +266,51 @@ def refined_meta(rs: ReceivedSet, student_meta: BundleMeta | None, method: str,
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--data", type=click.Path(path_type=Path), required=True,
               help="Samples to label (.h5 with x).")
-@click.option("--labels", "labels_out", type=click.Path(path_type=Path), required=True,
+@click.option("--labels", "labels_out", type=click.Path(path_type=Path), default=None,
               help="Where to write the labels (.h5).")
+@click.option("--csv", "csv_out", type=click.Path(path_type=Path), default=None,
+              help="Also write the labels as CSV: id (file name or row), label, confidence.")
 @click.option("--batch-size", type=int, default=1024, show_default=True)
 @click.option("--trust-arch", multiple=True, help="A package.module:factory you trust.")
 @click.option("--device", default=None)
 @click.option("--force", is_flag=True, help="Replace an existing labels file.")
 @output_options
-def label(model: Path, data: Path, labels_out: Path, batch_size: int,
-          trust_arch: tuple[str, ...], device: str | None, force: bool, out: Out) -> None:
+def label(model: Path, data: Path, labels_out: Path | None, csv_out: Path | None,
+          batch_size: int, trust_arch: tuple[str, ...], device: str | None, force: bool,
+          out: Out) -> None:
     """Label new data with a (refined) MODEL file."""
-    with Outputs([labels_out], force, (data, model)) as outs:
+    if labels_out is None and csv_out is None:
+        raise InputError("nothing to write: give --labels FILE.h5 and/or --csv FILE.csv")
+    with Outputs([labels_out, csv_out], force, (data, model)) as outs:
         bundle = load_bundle(model, trust_arch)
         for note in bundle.notes:
             out.warn(f"{bundle.path.name}: {note}")
         with H5Dataset(data) as source:
             net = bundle.build()
-            check_fits(net, bundle.path.name, source, bundle.meta.num_classes, "cpu")
+            check_model_fits(net, bundle.path.name, source, bundle.meta.num_classes,
+                             bundle.meta.arch_kwargs)
             check_memory(len(source) * bundle.meta.num_classes * 4 * 4,
                          f"labeling {len(source):,} samples")
-            outs.check_space({labels_out: len(source) * (bundle.meta.num_classes + 6) * 4})
+            outs.check_space({p: len(source) * (bundle.meta.num_classes + 6) * 4
+                              for p in (labels_out, csv_out) if p is not None})
             probs = run_guarded(lambda: predict_probs(net, source, batch_size, device))
             labels = LabelSet.from_probs(probs, source.ids())
-            with outs.writing(labels_out) as tmp:
-                write_labels(tmp, labels, "label", {"model": str(model)},
-                             [bundle.meta.party or bundle.path.stem], atomic=False)
+            if labels_out is not None:
+                with outs.writing(labels_out) as tmp:
+                    write_labels(tmp, labels, "label", {"model": str(model)},
+                                 [bundle.meta.party or bundle.path.stem], atomic=False)
+            if csv_out is not None:
+                with outs.writing(csv_out) as tmp:
+                    write_labels_csv(tmp, labels, atomic=False)
             y = source.labels()
         outs.commit()
     acc = accuracy_of(probs, y) if y is not None else None
-    out.say(f"labeled {len(probs)} samples with {model.name} → {labels_out}"
+    where = " and ".join(str(p) for p in (labels_out, csv_out) if p is not None)
+    out.say(f"labeled {len(probs)} samples with {model.name} → {where}"
             + (f"  (accuracy on y: {acc:.4f})" if acc is not None else ""))
-    out.summary({"command": "label", "samples": len(probs), "labels": str(labels_out),
-                 "accuracy": acc})
+    out.summary({"command": "label", "samples": len(probs),
+                 "labels": str(labels_out) if labels_out else None,
+                 "csv": str(csv_out) if csv_out else None, "accuracy": acc})
 
 
 @click.command()

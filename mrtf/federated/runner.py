@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from mrtf.device import pick_device
-from mrtf.errors import InputError
+from mrtf.errors import InputError, first_line
 from mrtf.federated.fairness import (
     LOCAL_METRICS,
     client_accuracies,
@@ -504,7 +504,7 @@ def _check_target_fits(cfg: RunConfig, fed: Federation) -> None:
             logits = model(fed.target_x[:1])
     except (RuntimeError, ValueError, IndexError, TypeError) as exc:
         raise InputError(f"target images of shape {tuple(fed.target_x.shape[1:])} do not fit "
-                         f"the {cfg.arch} models ({str(exc).splitlines()[0][:100]})") from None
+                         f"the {cfg.arch} models ({first_line(exc)})") from None
     if logits.shape[-1] != fed.num_classes:
         raise InputError("the target does not fit the source's models")
 
