@@ -105,8 +105,14 @@ class Out:
 
     @property
     def progress(self) -> bool:
-        """Progress bars only on an interactive terminal and when not quiet."""
-        return self.chatty and sys.stderr.isatty()
+        """Report progress: bars on a terminal, periodic plain lines on stderr elsewhere (a
+        log, CI); never with --quiet or --json (mrtf.progress chooses the form)."""
+        return self.chatty
+
+    @property
+    def bars(self) -> bool:
+        """Progress shows as bars (an interactive terminal), not as lines."""
+        return self.progress and sys.stderr.isatty()
 
     def say(self, text: str = "") -> None:
         if self.chatty:

@@ -8,6 +8,7 @@ from typing import Any
 from mrtf.cli.common import Out, run_guarded
 from mrtf.io.bundles import ReceivedSet, save_bundle
 from mrtf.io.outputs import Outputs
+from mrtf.progress import log_lines
 
 
 def run_datafree(rs: ReceivedSet, outs: Outputs, model_out: Path | None, opts: dict[str, Any],
@@ -28,7 +29,8 @@ def run_datafree(rs: ReceivedSet, outs: Outputs, model_out: Path | None, opts: d
         else:
             cfg.steps = opts["steps"]
     out.say(f"data-free fusion with {method}: {reason}")
-    result = run_guarded(lambda: fuse(rs, cfg, student))
+    with log_lines(out.progress):
+        result = run_guarded(lambda: fuse(rs, cfg, student))
     for warning in result.warnings:
         out.warn(warning)
     last = result.history[-1] if result.history else {}

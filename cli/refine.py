@@ -24,6 +24,7 @@ from mrtf.io.labels_csv import write_labels_csv
 from mrtf.io.limits import MAX_ROUND, check_memory
 from mrtf.io.outputs import Outputs
 from mrtf.models import build_model, image_kwargs
+from mrtf.progress import log_lines
 from mrtf.refinery import METHODS, RefineConfig, accuracy_of, predict_probs, refine
 from mrtf.scoring import score_labels
 
@@ -121,7 +122,8 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, outs: Outputs,
     out.say(f"refining {len(local)} local models ({len(rs.by_role('global'))} θ_t) on "
             f"{len(source)} samples: method={cfg.method} variant={cfg.variant} "
             f"steps={cfg.steps} seed={cfg.seed}")
-    result = run_guarded(lambda: refine(rs, source, cfg, student))
+    with log_lines(out.progress):
+        result = run_guarded(lambda: refine(rs, source, cfg, student))
     for note in result.info["notes"]:
         out.say(f"note: {note}")
     for line in result.info.get("trust", []):
@@ -293,7 +295,8 @@ def label(model: Path, data: Path, labels_out: Path | None, csv_out: Path | None
                          f"labeling {len(source):,} samples")
             outs.check_space({p: len(source) * (bundle.meta.num_classes + 6) * 4
                               for p in (labels_out, csv_out) if p is not None})
-            probs = run_guarded(lambda: predict_probs(net, source, batch_size, device))
+            with log_lines(out.progress):
+                probs = run_guarded(lambda: predict_probs(net, source, batch_size, device))
             labels = LabelSet.from_probs(probs, source.ids())
             if labels_out is not None:
                 with outs.writing(labels_out) as tmp:

@@ -191,7 +191,7 @@ def evaluation_run(out: Out, opts: dict, run_opts: dict) -> None:
                  "control-variate updates are sent as they are")
 
     def show(rec: dict) -> None:
-        if not out.progress:
+        if not out.bars:
             out.say(f"seed {rec['seed']} {rec['method']:<7} round {rec['round']:>3}/"
                     f"{cfg.rounds}  accuracy {rec['accuracy']:.4f}  {rec['seconds']:.1f}s")
 

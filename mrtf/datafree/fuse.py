@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from torch import nn
-from tqdm.auto import tqdm
 
 from mrtf.datafree.common import collapse_warning, image_shape_of
 from mrtf.datafree.config import FusionConfig
@@ -21,6 +20,7 @@ from mrtf.datafree.fedkf import aca_average, latest_per_party, oca_average, run_
 from mrtf.device import pick_device
 from mrtf.errors import InputError
 from mrtf.federated import average_received
+from mrtf.progress import bar as progress_bar
 
 
 @dataclass
@@ -67,8 +67,7 @@ def choose_method(received, forced: str | None = None) -> tuple[str, str]:
 
 
 def _bar(cfg: FusionConfig, total: int, desc: str):
-    return tqdm(total=total, desc=desc, disable=not cfg.progress, leave=False,
-                dynamic_ncols=True)
+    return progress_bar(total, desc, "step", enabled=cfg.progress)
 
 
 def _fuse_fedftg(models: Sequence, cfg: FusionConfig, student: nn.Module | None, dev

@@ -45,6 +45,7 @@ from mrtf.federated.methods import (
 )
 from mrtf.federated.simulate import Federation, SimulationConfig, prepare_federation
 from mrtf.io.atomic import atomic_path, is_temp_name
+from mrtf.progress import bar as progress_bar
 
 LOCAL_ALGORITHMS = ("fedavg", "fedprox", "scaffold")
 VARIANTS = ("paper", "reference")
@@ -444,11 +445,8 @@ def run(cfg: RunConfig, out: str | Path | None = None, resume: bool = False,
         _write_text(out / "config.toml", to_toml(cfg.to_dict()))
     dev = pick_device(device)
     bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(cfg.seeds) * len(cfg.methods) * cfg.rounds, unit="round",
-                   desc="simulate")
+    if progress:  # a bar on a terminal, plain lines in a log
+        bar = progress_bar(len(cfg.seeds) * len(cfg.methods) * cfg.rounds, "simulate", "round")
     all_records: dict[str, list[dict]] = {}
     counter = {"rounds": 0}
     try:
