@@ -165,6 +165,10 @@ def evaluation_run(out: Out, opts: dict, run_opts: dict) -> None:
             raise InputError(f"--{bad.replace('_', '-')} is for a single FedAvg simulation, "
                              "not an evaluation run (--methods/--out/--config)")
     data: dict = {}
+    if run_opts["resume"] and run_opts["run_out"] is not None:
+        # the run directory holds its config: `--out DIR --resume` alone continues the run
+        # (flags given again must agree with it, or the run is refused as a different one)
+        data.update(saved_config(run_opts["run_out"]))
     if run_opts["config_file"]:
         data.update(load_toml(run_opts["config_file"]))
     for name, key in SHARED.items():
@@ -204,6 +208,27 @@ def evaluation_run(out: Out, opts: dict, run_opts: dict) -> None:
     out.say(f"wrote {result.out}/summary.md, accuracy.png, metrics.jsonl, metrics.h5")
     out.summary({"command": "simulate", "run": str(result.out), "config": cfg.to_dict(),
                  "summary": result.summary})
+
+
+def saved_config(run_dir: Path) -> dict:
+    """The settings a run directory was started with (its ``config.json``), or {} when it
+    holds none yet (then --resume starts the run)."""
+    import json
+    from dataclasses import fields
+
+    from mrtf.federated.runner import RunConfig
+
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        return {}
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        raise InputError(f"{path} is unreadable; start the run again with --force") from None
+    if not isinstance(saved, dict):
+        raise InputError(f"{path} is not a run config; start the run again with --force")
+    known = {f.name for f in fields(RunConfig)}  # keys of older versions that no longer exist
+    return {k: v for k, v in saved.items() if k in known and k != "out"}
 
 
 def build_config(opts: dict) -> SimulationConfig:

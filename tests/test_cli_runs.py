@@ -134,3 +134,44 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
 
     assert lines(out) == lines(tmp_path / "full")
     assert [r["round"] for r in lines(out)] == [2, 4] * 3
+
+
+def test_resume_from_the_run_directory_alone(tmp_path):
+    """Issue 15.4: `--out DIR --resume` without the original flags reads DIR's config."""
+    from mrtf.federated.runner import RunConfig
+    from mrtf.federated.runner import run as run_engine
+
+    cfg = RunConfig(dataset="digits", clients=6, split="label:2", ratio=0.5, rounds=3,
+                    local_steps=2, target_size=100, methods=["fedavg", "feddf"],
+                    refine_steps=3, seeds=[0])
+    full = run_engine(cfg, tmp_path / "full")
+    assert run_engine(cfg, tmp_path / "killed", halt_after=2).summary == {}  # as if killed
+    res = run("simulate", "--out", tmp_path / "killed", "--resume")
+    assert res.exit_code == 0, res.output
+    assert res.output.startswith("evaluation run digits: K=6 split=label:2")  # not defaults
+    strip = [{k: v for k, v in r.items() if k not in ("seconds", "elapsed")}
+             for r in full.records]
+    lines = (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()
+    assert [{k: v for k, v in json.loads(x).items() if k not in ("seconds", "elapsed")}
+            for x in lines] == strip
+    # a flag given again must agree with the saved run
+    res = run("simulate", "--out", tmp_path / "killed", "--resume", "--rounds", "4")
+    assert res.exit_code == 2 and "different run" in res.output
+
+
+def test_a_running_run_directory_is_locked(tmp_path):
+    from mrtf.io.outputs import locked_dir
+
+    args = ["simulate", "--dataset", "digits", "--clients", "4", "--split", "iid", "--ratio",
+            "0.5", "--rounds", "1", "--local-steps", "1", "--target-size", "100",
+            "--methods", "fedavg", "--out", tmp_path / "r", "-q"]
+    assert run(*args).exit_code == 0
+    before = (tmp_path / "r" / "metrics.jsonl").read_text()
+    with locked_dir(tmp_path / "r"):  # another process is writing it
+        res = run("simulate", "--out", tmp_path / "r", "--resume")
+    assert res.exit_code == 2 and "another mrtf run is writing" in res.output
+    assert (tmp_path / "r" / "metrics.jsonl").read_text() == before
+    assert run("simulate", "--out", tmp_path / "r", "--resume", "-q").exit_code == 0
+    # a refused new run leaves no directory behind
+    res = run(*args[:-3], "--methods", "nope", "--out", tmp_path / "new")
+    assert res.exit_code == 2 and not (tmp_path / "new").exists()

@@ -45,6 +45,7 @@ from mrtf.federated.methods import (
 )
 from mrtf.federated.simulate import Federation, SimulationConfig, prepare_federation
 from mrtf.io.atomic import atomic_path, is_temp_name
+from mrtf.io.outputs import RUN_LOCK, locked_dir
 from mrtf.progress import bar as progress_bar
 
 LOCAL_ALGORITHMS = ("fedavg", "fedprox", "scaffold")
@@ -399,12 +400,12 @@ def prepare_out(cfg: RunConfig, out: Path, resume: bool, force: bool) -> bool:
         for stray in out.iterdir():
             if is_temp_name(stray.name) and stray.is_file() and not stray.is_symlink():
                 stray.unlink(missing_ok=True)
-    if out.exists() and any(out.iterdir()):
+    if out.exists() and any(p.name != RUN_LOCK for p in out.iterdir()):
         if not force:
             raise InputError(f"{out} is not empty; choose a new directory, --resume a run "
                              "there, or pass --force to replace it")
         ours = set(RUN_FILES) | {"ckpt"}
-        others = [p.name for p in out.iterdir() if p.name not in ours]
+        others = [p.name for p in out.iterdir() if p.name not in ours | {RUN_LOCK}]
         if others:
             raise InputError(f"{out} holds files that are not a run's ({others[0]}, ...); "
                              "refusing to replace it")
@@ -428,7 +429,6 @@ def run(cfg: RunConfig, out: str | Path | None = None, resume: bool = False,
     halt_after : stop (as if killed) after this many rounds in total have been checkpointed;
         for testing resumption.
     """
-    from mrtf.federated.report import render
 
     cfg.validate()
     out = Path(out or cfg.out or "")
@@ -436,8 +436,28 @@ def run(cfg: RunConfig, out: str | Path | None = None, resume: bool = False,
         raise InputError("no output directory: give --out (or 'out' in the config file)")
     feds = {cfg.seeds[0]: prepare_run(cfg, cfg.seeds[0])}  # bad data fails before any write
     _check_target_fits(cfg, feds[cfg.seeds[0]])
-    resuming = prepare_out(cfg, out, resume, force)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out} exists and is not a directory; choose another --out")
+    made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        with locked_dir(out):
+            return _run_locked(cfg, out, feds, resume, force, progress, device, on_record,
+                               halt_after, on_warning)
+    finally:
+        if made and [p.name for p in out.iterdir()] == [RUN_LOCK]:  # refused: leave nothing
+            (out / RUN_LOCK).unlink(missing_ok=True)
+            out.rmdir()
+
+
+def _run_locked(cfg: RunConfig, out: Path, feds: dict, resume: bool, force: bool,
+                progress: bool, device: str | None, on_record: Callable[[dict], None] | None,
+                halt_after: int | None, on_warning: Callable[[str], None] | None
+                ) -> RunResult:
+    """:func:`run` once the run directory is locked."""
+    from mrtf.federated.report import render
+
+    resuming = prepare_out(cfg, out, resume, force)
     ckdir = out / "ckpt"
     ckdir.mkdir(exist_ok=True)
     if not resuming:
