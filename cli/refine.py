@@ -73,7 +73,8 @@ def refine_cmd(received: Path, data: Path | None, labels_out: Path | None,
     """Refine RECEIVED models into one model and labels for --data (MrTF), or, without
     --data, fuse them data-free (FedFTG / FedKF)."""
     if (labels_out is not None or csv_out is not None) and data is None:
-        raise InputError("--labels and --csv need --data (the samples to label)")
+        raise InputError("--labels needs --data (the samples to label); without --data, "
+                         "refine fuses the models data-free and writes only --model")
     if labels_out is None and model_out is None and csv_out is None:
         raise InputError("nothing to write: give --labels, --csv and/or --model")
     opts["csv_out"] = csv_out

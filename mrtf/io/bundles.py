@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import save
 from torch import nn
 
-from mrtf.errors import InputError
+from mrtf.errors import InputError, clip
 from mrtf.io.atomic import atomic_path
 from mrtf.io.limits import (
     MAX_CLASSES,
@@ -119,7 +119,7 @@ class BundleMeta:
                                and 0 <= c <= MAX_COUNT for c in lc)):
                 raise InputError(
                     f"mrtf.label_counts must be {self.num_classes} integers in [0, "
-                    f"{MAX_COUNT:.0e}] (one per class), got {str(lc)[:80]}")
+                    f"{MAX_COUNT:.0e}] (one per class), got {clip(str(lc), 80)}")
             if sum(lc) == 0:
                 raise InputError("mrtf.label_counts are all zero (a party that trained on "
                                  "no samples)")
