@@ -53,5 +53,6 @@ def run_datafree(rs: ReceivedSet, outs: Outputs, model_out: Path | None, opts: d
         out.say(f"wrote generated samples to {opts['dump_samples']}")
     out.summary({"command": "refine", "datafree": method, "reason": reason,
                  "seconds": result.seconds, "warnings": result.warnings, "last_losses": last,
+                 "parties": opts.get("parties"),
                  "model": str(model_out) if model_out else None,
                  "samples": str(opts["dump_samples"]) if opts["dump_samples"] else None})

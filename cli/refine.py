@@ -23,6 +23,7 @@ from mrtf.io.hdf5 import H5Dataset, LabelSet, read_labels, write_labels
 from mrtf.io.labels_csv import write_labels_csv
 from mrtf.io.limits import MAX_ROUND, check_memory
 from mrtf.io.outputs import Outputs
+from mrtf.io.parties import describe, duplicate_parties, plan_parties
 from mrtf.models import build_model, image_kwargs
 from mrtf.progress import log_lines
 from mrtf.refinery import METHODS, RefineConfig, accuracy_of, predict_probs, refine
@@ -91,6 +92,12 @@ def refine_cmd(received: Path, data: Path | None, labels_out: Path | None,
         rs = load_received(received, opts["trust_arch"])
         for note in rs.notes:
             out.warn(note)
+        job = "refine"
+        if data is None:
+            from mrtf.datafree import choose_method
+
+            job = choose_method(rs, opts["datafree"])[0]
+        opts["parties"] = report_parties(rs, job, out)
         if data is None:
             from mrtf.cli.datafree import run_datafree
 
@@ -166,12 +173,26 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, outs: Outputs,
     out.summary({"command": "refine", "method": cfg.method, "variant": cfg.variant,
                  "samples": len(source), "u_t": result.info["u_t"],
                  "heterogeneous": result.info["heterogeneous"], "notes": result.info["notes"],
-                 "sources": result.info.get("sources"),
+                 "sources": result.info.get("sources"), "parties": opts["parties"],
                  "estimated_accuracy": result.info.get("estimated_accuracy"),
                  "accuracy": scores or None, "timings": result.timings,
                  "labels": str(labels_out) if labels_out else None,
                  "csv": str(opts["csv_out"]) if opts["csv_out"] else None,
                  "model": str(model_out) if model_out else None})
+
+
+def report_parties(rs: ReceivedSet, job: str, out: Out) -> list[dict[str, Any]]:
+    """Say before the work which received files ``job`` uses and which it leaves out (and
+    why), and flag a party name on two files of one round."""
+    rows = plan_parties(rs, job)
+    said, warned = describe(rows)
+    for line in said:
+        out.say(line)
+    for line in warned:
+        out.warn(line)
+    for line in duplicate_parties(rs):
+        out.warn(line)
+    return [r.to_dict() for r in rows]
 
 
 def probe_outputs(rs: ReceivedSet, source: H5Dataset, student: Any = None,
