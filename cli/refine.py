@@ -143,12 +143,15 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, outs: Outputs,
     scores: dict[str, float] = {}
     y = source.labels()
     if y is not None:  # scoring only: y never reaches the refinery
-        scores = {"averaged": accuracy_of(result.averaged_probs, y),
+        # the model distillation starts from: the parameter average, or the given student
+        # (heterogeneous parties have no average), named as what it is in text and JSON
+        own = result.info["heterogeneous"] or student is not None
+        first = "student" if own else "averaged"
+        scores = {first: accuracy_of(result.averaged_probs, y),
                   "targets": accuracy_of(result.target_probs, y),
                   "refined": accuracy_of(result.probs, y)}
-        start = "student before refinement" if result.info["heterogeneous"] or student \
-            else "averaged model"
-        out.say(table([[start, scores["averaged"]], ["teacher targets", scores["targets"]],
+        out.say(table([["student before refinement" if own else "averaged model",
+                        scores[first]], ["teacher targets", scores["targets"]],
                        ["refined model", scores["refined"]]], ["accuracy on --data y", ""]))
     parties = [m.name for m in rs.models]
     config = {**result.info["config"], "u_t": result.info["u_t"]}

@@ -31,7 +31,8 @@ from mrtf.models import available_archs
 @click.option("--lr", default=0.05, show_default=True, help="Local SGD learning rate.")
 @click.option("--batch-size", default=64, show_default=True, help="Local batch size.")
 @click.option("--mu", default=0.0, show_default=True,
-              help="FedProx proximal coefficient (0 = FedAvg).")
+              help="FedProx proximal coefficient μ (0 = FedAvg; evaluation runs: with "
+                   "--local-algorithm fedprox, e.g. 0.01).")
 @click.option("--arch", default="lenet", show_default=True,
               help=f"Model architecture: {', '.join(available_archs())}.")
 @click.option("--norm", type=click.Choice(["batch", "group", "none"]), default=None,
@@ -100,9 +101,15 @@ def simulate(out: Out, **opts) -> None:
     if run_opts["config_file"] or run_opts["methods"] or run_opts["run_out"]:
         return evaluation_run(out, opts, run_opts)
     given = [k for k, v in run_opts.items() if v not in (None, False)]
+    exporting = opts["export_received"] is not None or opts["export_target"] is not None
+    if given and exporting and all(k in RUN_ONLY for k in given):
+        from mrtf.cli.export_run import export_run
+
+        return export_run(out, opts, run_opts, SHARED, RUN_ONLY)
     if given:
         raise InputError(f"--{given[0].replace('_', '-')} needs an evaluation run "
-                         "(--methods, --out or --config)")
+                         "(--methods, --out or --config) or an export (--export-received, "
+                         "--export-target)")
     received_dir, target_file = opts.pop("export_received"), opts.pop("export_target")
     force, device = opts.pop("force"), opts.pop("device")
     history = opts.pop("export_history")

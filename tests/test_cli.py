@@ -228,6 +228,8 @@ def test_heterogeneous_parties_need_and_use_a_student(simulated, tmp_path):
     summary = json.loads(res.output)
     assert summary["heterogeneous"] is True
     assert any("heterogeneous" in n for n in summary["notes"])
+    # issue 15.11: the student's accuracy is reported as the student's, not as an average
+    assert set(summary["accuracy"]) == {"student", "targets", "refined"}
 
 
 def test_convert_builtin_and_arrays(tmp_path):

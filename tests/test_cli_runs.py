@@ -175,3 +175,35 @@ def test_a_running_run_directory_is_locked(tmp_path):
     # a refused new run leaves no directory behind
     res = run(*args[:-3], "--methods", "nope", "--out", tmp_path / "new")
     assert res.exit_code == 2 and not (tmp_path / "new").exists()
+
+
+def test_recorded_mu_matches_the_help(tmp_path):
+    """Issue 15.11: config.toml records the μ that --help states as the default."""
+    res = run("simulate", "--dataset", "digits", "--clients", "4", "--split", "iid", "--ratio",
+              "0.5", "--rounds", "1", "--local-steps", "1", "--target-size", "100",
+              "--methods", "fedavg", "--out", tmp_path / "r", "-q")
+    assert res.exit_code == 0, res.output
+    assert "mu = 0.0\n" in (tmp_path / "r" / "config.toml").read_text()
+    assert "--mu FLOAT" in run("simulate", "--help").output
+    assert "default: 0.0" in " ".join(run("simulate", "--help").output.split())
+
+
+def test_export_works_with_run_options(tmp_path):
+    """Issue 15.11: a DP, FedProx, cross-domain federation can be exported for `refine`."""
+    res = run("simulate", "--dataset", "digits", "--clients", "4", "--split", "iid",
+              "--ratio", "0.5", "--rounds", "2", "--local-steps", "2", "--target-size", "100",
+              "--dp-sigma", "0.001", "--dp-clip", "5", "--local-algorithm", "fedprox",
+              "--mu", "0.01", "--target", "mnist5k", "--export-received", tmp_path / "recv",
+              "--export-target", tmp_path / "t.h5", "--json")
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    assert summary["config"]["dp_sigma"] == 0.001 and summary["config"]["target"] == "mnist5k"
+    files = sorted(p.name for p in (tmp_path / "recv").iterdir())
+    assert len(files) == 3 and "global-start.safetensors" in files  # 2 of 4 clients + θ_t
+    from mrtf.io import H5Dataset
+
+    with H5Dataset(tmp_path / "t.h5") as ds:  # mnist5k digits brought to digits' 1×8×8
+        assert len(ds) == 100 and ds.sample_shape == (1, 8, 8)
+    res = run("refine", tmp_path / "recv", "--data", tmp_path / "t.h5", "--method", "fedavg",
+              "--labels", tmp_path / "l.h5", "--steps", "1", "-q")
+    assert res.exit_code == 0, res.output

@@ -69,7 +69,7 @@ class RunConfig:
     lr: float = 0.05
     batch_size: int = 64
     local_algorithm: str = "fedavg"
-    mu: float = 0.01  # FedProx μ (used with local_algorithm = fedprox)
+    mu: float = 0.0  # FedProx μ: needs local_algorithm = fedprox and μ > 0 (e.g. 0.01)
     arch: str = "lenet"
     norm: str | None = None
     target_size: int = 1000
@@ -161,7 +161,7 @@ class RunConfig:
         bad(self.local_algorithm not in LOCAL_ALGORITHMS, f"unknown local algorithm "
             f"{self.local_algorithm!r}; choose from {', '.join(LOCAL_ALGORITHMS)}")
         bad(self.local_algorithm == "fedprox" and not self.mu > 0,
-            f"fedprox needs mu > 0, got {self.mu}")
+            f"fedprox needs mu > 0, got {self.mu}; give --mu (e.g. --mu 0.01)")
         bad(not (self.dp_sigma >= 0 and math.isfinite(self.dp_sigma)),
             f"dp_sigma (σ) must be >= 0, got {self.dp_sigma}")
         bad(not (self.dp_clip >= 0 and math.isfinite(self.dp_clip)),
@@ -421,11 +421,15 @@ def prepare_out(cfg: RunConfig, out: Path, resume: bool, force: bool) -> bool:
 def run(cfg: RunConfig, out: str | Path | None = None, resume: bool = False,
         force: bool = False, progress: bool = False, device: str | None = None,
         on_record: Callable[[dict], None] | None = None, halt_after: int | None = None,
-        on_warning: Callable[[str], None] | None = None) -> RunResult:
+        on_warning: Callable[[str], None] | None = None,
+        on_updates: Callable[..., None] | None = None) -> RunResult:
     """Run every (seed, method) of ``cfg`` and write the run directory.
 
     on_record : called with each metrics row as it is written.
     on_warning : called with a strategy's first warning of each (seed, method) track.
+    on_updates : called as ``(seed, method, round, start_state, updates, federation)`` with
+        each round's client updates as the server sees them (after DP), e.g. to export what
+        a pilot party receives.
     halt_after : stop (as if killed) after this many rounds in total have been checkpointed;
         for testing resumption.
     """
@@ -442,8 +446,8 @@ def run(cfg: RunConfig, out: str | Path | None = None, resume: bool = False,
     out.mkdir(parents=True, exist_ok=True)
     try:
         with locked_dir(out):
-            return _run_locked(cfg, out, feds, resume, force, progress, device, on_record,
-                               halt_after, on_warning)
+            return _run_locked(cfg, out, feds, resume, force, progress, device,
+                               _Hooks(None, on_record, on_warning, on_updates), halt_after)
     finally:
         if made and [p.name for p in out.iterdir()] == [RUN_LOCK]:  # refused: leave nothing
             (out / RUN_LOCK).unlink(missing_ok=True)
@@ -451,8 +455,7 @@ def run(cfg: RunConfig, out: str | Path | None = None, resume: bool = False,
 
 
 def _run_locked(cfg: RunConfig, out: Path, feds: dict, resume: bool, force: bool,
-                progress: bool, device: str | None, on_record: Callable[[dict], None] | None,
-                halt_after: int | None, on_warning: Callable[[str], None] | None
+                progress: bool, device: str | None, given: _Hooks, halt_after: int | None
                 ) -> RunResult:
     """:func:`run` once the run directory is locked."""
     from mrtf.federated.report import render
@@ -474,7 +477,7 @@ def _run_locked(cfg: RunConfig, out: Path, feds: dict, resume: bool, force: bool
             fed = feds.pop(seed, None) or prepare_run(cfg, seed)
             for method in cfg.methods:
                 name = track_name(seed, method)
-                hooks = _Hooks(bar, on_record, on_warning)
+                hooks = _Hooks(bar, given.on_record, given.on_warning, given.on_updates)
                 recs = _run_track(cfg, fed, seed, method, ckdir, name, dev, hooks, counter,
                                   halt_after, all_records, out)
                 all_records[name] = recs
@@ -496,6 +499,7 @@ class _Hooks:
     bar: Any = None
     on_record: Callable[[dict], None] | None = None
     on_warning: Callable[[str], None] | None = None
+    on_updates: Callable[..., None] | None = None
     warned: bool = False
 
     def warn(self, lines: list[str], seed: int) -> None:
@@ -632,7 +636,10 @@ def _run_track(cfg: RunConfig, fed: Federation, seed: int, method: str, ckdir: P
         chosen = sorted(np.random.default_rng([seed, rnd, 17]).choice(
             cfg.clients, size=sim.per_round, replace=False).tolist())
         model.load_state_dict(ts.global_state)
+        start_state = ts.global_state
         updates = _train_clients(cfg, fed, ts, strategy, model, chosen, rnd, seed, dev)
+        if hooks.on_updates:
+            hooks.on_updates(seed, method, rnd, start_state, updates, fed)
         evaluate = (rnd + 1) % cfg.eval_every == 0 or rnd == cfg.rounds - 1
         agg = strategy.aggregate(rnd, ts.global_state, updates, evaluate)
         hooks.warn(agg.warnings, seed)
