@@ -50,7 +50,7 @@ def _model_row(m) -> dict:
     meta = m.meta
     return {"file": m.path.name, "party": meta.party, "role": meta.role, "arch": meta.arch,
             "arch_kwargs": meta.arch_kwargs, "classes": meta.num_classes,
-            "samples": meta.n_samples, "loss": meta.train_loss, "round": meta.round,
+            "samples": meta.n_samples, "loss": meta.train_loss, "round": meta.round_number,
             "label_counts": meta.label_counts}
 
 

@@ -21,7 +21,7 @@ from mrtf.io.bundles import (
 from mrtf.io.fits import check_model_fits
 from mrtf.io.hdf5 import H5Dataset, LabelSet, read_labels, write_labels
 from mrtf.io.labels_csv import write_labels_csv
-from mrtf.io.limits import MAX_ROUND, check_memory
+from mrtf.io.limits import check_memory
 from mrtf.io.outputs import Outputs
 from mrtf.io.parties import describe, duplicate_parties, plan_parties
 from mrtf.models import build_model, image_kwargs
@@ -53,8 +53,8 @@ from mrtf.scoring import score_labels
 @click.option("--tau", type=float, default=4.0, show_default=True, help="Temperature τ.")
 @click.option("--clr-iterations", type=int, default=1, show_default=True)
 @click.option("--clr-min-round", type=int, default=5, show_default=True,
-              help="Skip the clustered label refinery for models of rounds below this "
-                   "(0-based; the paper skips the first 5 rounds). 0 = always.")
+              help="Skip the clustered label refinery for models of the first N rounds "
+                   "(rounds 1..N; the paper skips the first 5). 0 = always apply it.")
 @click.option("--student-arch", default=None,
               help="Fresh student architecture (needed when parties' architectures differ).")
 @click.option("--student", "student_file", type=click.Path(path_type=Path), default=None,
@@ -284,7 +284,7 @@ def refined_meta(rs: ReceivedSet, student_meta: BundleMeta | None, method: str,
     rounds = [m.meta.round for m in rs.models if m.meta.round is not None]
     return BundleMeta(arch=base.arch, num_classes=rs.num_classes, arch_kwargs=base.arch_kwargs,
                       party="refined", role="refined", label_counts=total,
-                      round=min(max(rounds) + 1, MAX_ROUND) if rounds else None,
+                      round=max(rounds) if rounds else None,  # the round it refines
                       extra={"mrtf.method": method,
                              "mrtf.config": json.dumps(config, sort_keys=True, default=str)})
 

@@ -79,7 +79,7 @@ from mrtf.models import available_archs
 @click.option("--variant", type=click.Choice(["paper", "reference"]), default=None,
               help="Refinery variant.")
 @click.option("--clr-min-round", type=int, default=None,
-              help="Skip MrTF's clustered label refinery before this round (default 5).")
+              help="Skip MrTF's clustered label refinery in the first N rounds (default 5).")
 @click.option("--keep-training-on-average", is_flag=True, default=None,
               help="Refinery methods: clients keep receiving the plain average (authors' code).")
 @click.option("--fusion-iterations", type=int, default=None,
@@ -141,7 +141,7 @@ def simulate(out: Out, **opts) -> None:
                 f"{target_file}")
     out.summary({
         "command": "simulate", "config": _config_dict(cfg),
-        "rounds": [vars(r) for r in result.records],
+        "rounds": [{**vars(r), "round": r.round + 1} for r in result.records],  # 1-based
         "final_accuracy": result.records[-1].accuracy, "outputs": written,
     })
 

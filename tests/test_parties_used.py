@@ -28,8 +28,8 @@ def _history_dir(digits_federation, tmp_path):
 def test_refine_lists_used_and_unused_files(digits_federation, tmp_path):
     recv = _history_dir(digits_federation, tmp_path)
     rows = plan_parties(load_received(recv), "refine")
-    old = [r for r in rows if r.role == "local" and r.round == 0]
-    new = [r for r in rows if r.role == "local" and r.round == 1]
+    old = [r for r in rows if r.role == "local" and r.round == 1]  # 1-based
+    new = [r for r in rows if r.role == "local" and r.round == 2]
     assert old and new and all(not r.used for r in old) and all(r.used for r in new)
     assert all("older than the newest round" in r.why for r in old)
     _, target, _ = digits_federation

@@ -35,7 +35,8 @@ def _party(m: Any) -> str:
 
 
 def _round(r: int | None) -> str:
-    return "no round" if r is None else f"round {r}"
+    """A 0-based in-memory round as printed (1-based)."""
+    return "no round" if r is None else f"round {r + 1}"
 
 
 def _newest(models: list) -> int | None:
@@ -69,8 +70,8 @@ def plan_parties(received: Any, job: str) -> list[PartyUse]:
     rows = []
     for m in received.models:
         used, why = _verdict(m, job, newest, chosen, hetero, newest_glob)
-        rows.append(PartyUse(m.path.name, _party(m), m.meta.role, m.meta.round, _arch(m),
-                             used, why))
+        rows.append(PartyUse(m.path.name, _party(m), m.meta.role, m.meta.round_number,
+                             _arch(m), used, why))
     return rows
 
 
@@ -95,7 +96,7 @@ def _verdict(m: Any, job: str, newest: int | None, chosen: set[int], hetero: boo
                       "averages each party's latest model once"
     if r is None or newest is None or r == newest:
         return True, f"local model of the newest round ({_round(r)}): a teacher (S_t)"
-    return False, f"{_round(r)} is older than the newest round {newest}: only the newest " \
+    return False, f"{_round(r)} is older than the newest {_round(newest)}: only the newest " \
                   "round's models teach (S_t); FedKF's OCA would use it"
 
 
