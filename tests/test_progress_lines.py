@@ -40,10 +40,10 @@ def test_refine_prints_progress_lines_and_quiet_removes_them(digits_federation, 
 def test_datafree_and_simulate_print_progress_lines(digits_federation, tmp_path, monkeypatch):
     monkeypatch.setenv("MRTF_PROGRESS_SECONDS", "0")
     received, _, _ = digits_federation
-    res = run("refine", received, "--model", tmp_path / "f.safetensors", "--datafree", "fedkf",
-              "--steps", "3")
+    res = run("refine", received, "--model", tmp_path / "f.safetensors", "--datafree",
+              "fedftg", "--steps", "5")
     assert res.exit_code == 0, res.output
-    assert any("FedKF 3/3" in line for line in _lines(res.stderr))
+    assert any("FedFTG 1/1" in line for line in _lines(res.stderr))
     res = run("simulate", "--dataset", "digits", "--clients", "4", "--split", "iid",
               "--ratio", "0.5", "--rounds", "2", "--local-steps", "2", "--target-size", "100",
               "--methods", "fedavg", "--out", tmp_path / "run")

@@ -65,6 +65,9 @@ class FusionConfig:
     momentum: float | None = None
     activation: str = "sigmoid"
     collapse_tol: float = 1e-3
+    # FedKF when every party's latest model is from one round: OCA = ACA, the result is the
+    # parameter average whatever the training does; skip the training (say so) unless False
+    skip_futile: bool = True
     seed: int = 0
     device: str | None = None
     progress: bool = True

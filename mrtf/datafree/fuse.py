@@ -31,7 +31,7 @@ class FusionResult:
     method: str
     reason: str
     history: list[dict[str, float]]
-    generator: nn.Module
+    generator: nn.Module | None  # None when the work was skipped (fedkf_futile)
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -87,6 +87,23 @@ def _fuse_fedftg(models: Sequence, cfg: FusionConfig, student: nn.Module | None,
     return st.student, st.history, st.generator, st.last_batch, []
 
 
+def fedkf_futile(models: Sequence, student: nn.Module | None = None) -> str | None:
+    """Why FedKF cannot change the parameter average here, known before any training: every
+    party's latest model is from one round, so the OCA teacher (each party's latest model,
+    averaged) equals the ACA average the student starts from. None when FedKF can help."""
+    if student is not None:
+        return None
+    local = [m for m in models if m.meta.role == "local"]
+    rounds = {m.meta.round for m in latest_per_party(local)}
+    if len(rounds) > 1:
+        return None
+    which = "one round" if None in rounds else f"round {next(iter(rounds)) + 1}"
+    return (f"every party's latest model is from {which}, so FedKF's OCA teacher equals the "
+            "ACA average it starts from and the result is the parameter average; it was "
+            "written without training. For a fusion that can differ: --datafree fedftg "
+            "(needs label counts) or models of several rounds (simulate --export-history)")
+
+
 def _fuse_fedkf(models: Sequence, cfg: FusionConfig, student: nn.Module | None, dev
                 ) -> tuple[nn.Module, list[dict[str, float]], nn.Module, object, list[str]]:
     teacher, _ = oca_average(models)
@@ -95,10 +112,11 @@ def _fuse_fedkf(models: Sequence, cfg: FusionConfig, student: nn.Module | None, 
         start = copy.deepcopy(student)
     else:
         start, _ = aca_average(models)
-        if len({m.meta.round for m in latest_per_party(models)}) <= 1:
-            notes.append("fedkf: every party's latest model is from one round, so the OCA "
-                         "teacher equals the ACA student it starts from and distillation "
-                         "cannot change it (the result is the parameter average)")
+        why = fedkf_futile(models, student)
+        if why and cfg.skip_futile:
+            return start, [], None, None, [f"fedkf skipped: {why}"]
+        if why:
+            notes.append(f"fedkf: {why}")
     shape = image_shape_of(models[0].meta)
     with _bar(cfg, cfg.steps, "FedKF") as bar:
         def tick(rec: dict[str, float]) -> None:
