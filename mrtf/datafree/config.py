@@ -2,7 +2,7 @@
 
 ``None`` means "the chosen method's default":
 
-| setting | FedFTG (fedftg-cvpr Sect. 4.1, Alg. 2) | FedKF (fedkf Sect. IV, REFERENCE-NOTES) |
+| setting | FedFTG (fedftg-cvpr Sect. 4.1, Alg. 2) | FedKF (fedkf Sect. IV; docs) |
 |---|---|---|
 | batch_size | 50 | 64 |
 | gen_lr | Adam 0.01, ×0.998 per round | Adam 1e-3 |

@@ -1,4 +1,4 @@
-"""HDF5 datasets (``x``, optional ``y`` and ``ids``) and label files (DESIGN.md formats).
+"""HDF5 datasets (``x``, optional ``y`` and ``ids``) and label files (README "Formats").
 
 Datasets are read in chunks, so M may exceed memory. ``x`` is float32, or uint8 scaled by
 1/255. ``y`` is only ever used for scoring.
