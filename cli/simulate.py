@@ -29,7 +29,9 @@ from mrtf.models import available_archs
 @click.option("--local-steps", type=int, default=None,
               help="Local SGD steps per round (overrides --epochs).")
 @click.option("--lr", default=0.05, show_default=True, help="Local SGD learning rate.")
-@click.option("--batch-size", default=64, show_default=True, help="Local batch size.")
+@click.option("--batch-size", default=16, show_default=True,
+              help="Local batch size (16: clients hold ~200 samples; measured in "
+                   "docs/results.md, 64 left a 10-round federation near chance).")
 @click.option("--mu", default=0.0, show_default=True,
               help="FedProx proximal coefficient μ (0 = FedAvg; evaluation runs: with "
                    "--local-algorithm fedprox, e.g. 0.01).")
@@ -121,8 +123,8 @@ def simulate(out: Out, **opts) -> None:
     if target_file is not None:
         check_output(target_file, force)
     out.say(f"simulating {cfg.dataset}: K={cfg.clients} split={cfg.split} R={cfg.ratio} "
-            f"({cfg.per_round}/round) T={cfg.rounds} E={cfg.local.epochs} arch={cfg.arch} "
-            f"seed={cfg.seed}")
+            f"({cfg.per_round}/round) T={cfg.rounds} E={cfg.local.epochs} "
+            f"batch={cfg.local.batch_size} lr={cfg.local.lr} arch={cfg.arch} seed={cfg.seed}")
 
     def show(rec) -> None:
         out.say(f"round {rec.round + 1:>3}/{cfg.rounds}  accuracy {rec.accuracy:.4f}  "

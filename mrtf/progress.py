@@ -54,7 +54,7 @@ class LogBar:
         self.total, self.n = total, 0
         self.postfix: dict[str, Any] = {}
         self.start = time.monotonic()
-        self.printed = False
+        self.printed_n = -1  # done count of the last line printed (-1: none yet)
 
     def __iter__(self) -> Iterator:
         for item in self.iterable or ():
@@ -70,7 +70,9 @@ class LogBar:
 
     def update(self, n: int = 1) -> None:
         self.n += n
-        if not self.disable and time.monotonic() - LogBar._last_line >= interval():
+        # a stage shorter than the interval prints nothing; a longer one a line per interval
+        since = max(LogBar._last_line, self.start)
+        if not self.disable and time.monotonic() - since >= interval():
             self._line()
 
     def set_postfix(self, ordered_dict: dict | None = None, refresh: bool = True,
@@ -88,7 +90,8 @@ class LogBar:
         if self.disable or self.n == 0:
             self.disable = True
             return
-        if self.printed or time.monotonic() - self.start >= interval():
+        if self.printed_n != self.n and (self.printed_n >= 0
+                                         or time.monotonic() - self.start >= interval()):
             self._line()
         self.disable = True
 
@@ -101,7 +104,7 @@ class LogBar:
         parts += [f"{k} {v}" for k, v in self.postfix.items()]
         print("mrtf: progress: " + "  ".join(parts), file=sys.stderr, flush=True)
         LogBar._last_line = time.monotonic()
-        self.printed = True
+        self.printed_n = self.n
 
 
 def _tty() -> bool:

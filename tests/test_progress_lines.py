@@ -4,6 +4,7 @@ progress lines (stage, done/total, elapsed, ETA, latest numbers); --quiet remove
 from __future__ import annotations
 
 import io
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -61,8 +62,15 @@ def test_lines_are_rate_limited(monkeypatch):
     for _ in range(1000):
         bar.update(1)
     bar.close()
-    lines = _lines(err.getvalue())  # the first update and the stage's end, nothing between
-    assert [line.split()[3] for line in lines] == ["1/1000", "1000/1000"]
+    assert _lines(err.getvalue()) == []  # a stage shorter than the interval says nothing
+    monkeypatch.setenv("MRTF_PROGRESS_SECONDS", "0.05")
+    bar = LogBar(total=3, desc="slow", unit="step")
+    for _ in range(3):
+        time.sleep(0.06)
+        bar.update(1)
+    bar.close()
+    lines = _lines(err.getvalue())  # a line per interval, and one at the end
+    assert [line.split()[3] for line in lines] == ["1/3", "2/3", "3/3"]
 
 
 @pytest.mark.parametrize("enabled", [True, False])
