@@ -81,7 +81,8 @@ def dump_samples(generator: nn.Module, path_png: str | os.PathLike, num_classes:
             row[0].text(-0.1, 0.5, label, transform=row[0].transAxes, ha="right",
                         va="center", fontsize=8)
         fig.suptitle(title, fontsize=9)
-        fig.subplots_adjust(left=0.2, top=1 - 0.45 / (num_classes * 0.8 + 0.6))
+        fig.subplots_adjust(left=0.2, right=0.98, bottom=0.02,
+                            top=1 - 0.45 / (num_classes * 0.8 + 0.6))
         with atomic_path(out, atomic) as tmp:
             fig.savefig(tmp, format="png", dpi=80)
     finally:
