@@ -85,7 +85,8 @@ def output_options(func: Callable) -> Callable:
 
     @click.option("--json", "as_json", is_flag=True,
                   help="Print one machine-readable JSON summary on stdout (and nothing else).")
-    @click.option("--quiet", "-q", is_flag=True, help="No progress bars and no chatter.")
+    @click.option("--quiet", "-q", is_flag=True,
+                  help="No progress (bars or log lines) and no chatter.")
     @functools.wraps(func)
     def wrapper(*args: Any, as_json: bool, quiet: bool, **kwargs: Any) -> Any:
         return func(*args, out=Out(quiet=quiet, as_json=as_json), **kwargs)

@@ -38,7 +38,7 @@ def demo(dataset: str, out_dir: Path | None, rounds: int, steps: int, seed: int,
     received, target = out_dir / "received", out_dir / "target.h5"
     quiet = {"quiet": not out.chatty, "as_json": False}
     sim = dict(dataset=dataset, clients=20, split="dirichlet:0.1", ratio=0.2, rounds=rounds,
-               epochs=2, batch_size=32, arch="lenet", target_size=1000, seed=seed)
+               epochs=2, arch="lenet", target_size=1000, seed=seed)
     out.say(f"== 1. a federation: 20 parties hold non-IID shares of {dataset}; "
             "the pilot party holds 1,000 unlabeled images")
     out.say("$ mrtf simulate " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in sim.items())

@@ -39,7 +39,8 @@ from mrtf.scoring import score_labels
 @click.option("--model", "model_out", type=click.Path(path_type=Path), default=None,
               help="Write the refined model here (.safetensors bundle).")
 @click.option("--csv", "csv_out", type=click.Path(path_type=Path), default=None,
-              help="Also write the labels as CSV: id (file name or row), label, confidence.")
+              help="Write the labels as CSV too: id (the file name, or the row), label, "
+                   "confidence.")
 @click.option("--method", type=click.Choice(METHODS), default="adaptive", show_default=True,
               help="adaptive (every source weighted by its measured trust; the default), "
                    "fedavg (average only), feddf (AvgLogit), st, st+rd, mrtf (the paper: "
@@ -296,7 +297,8 @@ def refined_meta(rs: ReceivedSet, student_meta: BundleMeta | None, method: str,
 @click.option("--labels", "labels_out", type=click.Path(path_type=Path), default=None,
               help="Where to write the labels (.h5).")
 @click.option("--csv", "csv_out", type=click.Path(path_type=Path), default=None,
-              help="Also write the labels as CSV: id (file name or row), label, confidence.")
+              help="Write the labels as CSV too: id (the file name, or the row), label, "
+                   "confidence.")
 @click.option("--batch-size", type=int, default=1024, show_default=True)
 @click.option("--trust-arch", multiple=True, help="A package.module:factory you trust.")
 @click.option("--device", default=None)
@@ -305,7 +307,7 @@ def refined_meta(rs: ReceivedSet, student_meta: BundleMeta | None, method: str,
 def label(model: Path, data: Path, labels_out: Path | None, csv_out: Path | None,
           batch_size: int, trust_arch: tuple[str, ...], device: str | None, force: bool,
           out: Out) -> None:
-    """Label new data with a (refined) MODEL file."""
+    """Label new data with a (refined) MODEL file: --labels (.h5) and/or --csv."""
     if labels_out is None and csv_out is None:
         raise InputError("nothing to write: give --labels FILE.h5 and/or --csv FILE.csv")
     with Outputs([labels_out, csv_out], force, (data, model)) as outs:

@@ -67,7 +67,7 @@ class RunConfig:
     epochs: int = 2
     local_steps: int | None = None
     lr: float = 0.05
-    batch_size: int = 64
+    batch_size: int = 16  # measured: docs/results.md ("Defaults")
     local_algorithm: str = "fedavg"
     mu: float = 0.0  # FedProx μ: needs local_algorithm = fedprox and μ > 0 (e.g. 0.01)
     arch: str = "lenet"
