@@ -66,8 +66,8 @@ def choose_method(received, forced: str | None = None) -> tuple[str, str]:
                       "label sampling and class-level ensemble")
 
 
-def _bar(cfg: FusionConfig, total: int, desc: str):
-    return progress_bar(total, desc, "step", enabled=cfg.progress)
+def _bar(cfg: FusionConfig, total: int, desc: str, unit: str):
+    return progress_bar(total, desc, unit, enabled=cfg.progress)
 
 
 def _fuse_fedftg(models: Sequence, cfg: FusionConfig, student: nn.Module | None, dev
@@ -79,7 +79,7 @@ def _fuse_fedftg(models: Sequence, cfg: FusionConfig, student: nn.Module | None,
     start = copy.deepcopy(student) if student is not None else average_received(models)[0]
     counts = [m.meta.label_counts for m in models]
     shape = image_shape_of(models[0].meta)
-    with _bar(cfg, cfg.rounds * cfg.iterations, "FedFTG") as bar:
+    with _bar(cfg, cfg.rounds * cfg.iterations, "FedFTG", "iteration") as bar:
         def tick(rec: dict[str, float]) -> None:
             bar.set_postfix(gen=f"{rec['gen_loss']:.3f}", md=f"{rec['md_student']:.4f}")
             bar.update()
@@ -118,7 +118,7 @@ def _fuse_fedkf(models: Sequence, cfg: FusionConfig, student: nn.Module | None, 
         if why:
             notes.append(f"fedkf: {why}")
     shape = image_shape_of(models[0].meta)
-    with _bar(cfg, cfg.steps, "FedKF") as bar:
+    with _bar(cfg, cfg.steps, "FedKF", "step") as bar:
         def tick(rec: dict[str, float]) -> None:
             bar.set_postfix(gen=f"{rec['gen_loss']:.3f}", kl=f"{rec['kl_student']:.4f}")
             bar.update()

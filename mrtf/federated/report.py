@@ -64,8 +64,9 @@ def summary_markdown(records: list[dict], config: dict | None = None) -> str:
     summ = summarize(records)
     lines = ["# Federated evaluation run", ""]
     if config:
-        keys = ("dataset", "target", "clients", "split", "ratio", "rounds", "epochs", "arch",
-                "local_algorithm", "dp_sigma", "dp_clip")
+        keys = ("dataset", "target", "clients", "split", "ratio", "rounds", "epochs",
+                "local_steps", "batch_size", "lr", "arch", "local_algorithm",
+                "keep_training_on_average", "dp_sigma", "dp_clip")
         lines += ["Setting: " + ", ".join(f"{k}={config.get(k)}" for k in keys
                                            if k in config), ""]
     lines += ["Accuracy on the target set (mean ± std over seeds; best of the last 5 "
@@ -120,7 +121,9 @@ def plot_title(config: dict | None) -> str:
     local = f"E={config.get('epochs')}" if not config.get("local_steps") else \
         f"{config.get('local_steps')} local steps"
     second = f"{config.get('arch')}, {local}, batch {config.get('batch_size')}, " \
-             f"{config.get('local_algorithm', 'fedavg')}"
+             f"clients: {config.get('local_algorithm', 'fedavg')}"
+    if config.get("keep_training_on_average"):
+        second += " on the plain average"
     if config.get("dp_sigma") or config.get("dp_clip"):
         second += f", DP σ={config.get('dp_sigma')} clip={config.get('dp_clip')}"
     return f"{first}\n{second}"
