@@ -85,7 +85,8 @@ def output_options(func: Callable) -> Callable:
 
     @click.option("--json", "as_json", is_flag=True,
                   help="Print one machine-readable JSON summary on stdout (and nothing else).")
-    @click.option("--quiet", "-q", is_flag=True, help="No progress bars and no chatter.")
+    @click.option("--quiet", "-q", is_flag=True,
+                  help="No progress (bars or log lines) and no chatter.")
     @functools.wraps(func)
     def wrapper(*args: Any, as_json: bool, quiet: bool, **kwargs: Any) -> Any:
         return func(*args, out=Out(quiet=quiet, as_json=as_json), **kwargs)
@@ -105,8 +106,14 @@ class Out:
 
     @property
     def progress(self) -> bool:
-        """Progress bars only on an interactive terminal and when not quiet."""
-        return self.chatty and sys.stderr.isatty()
+        """Report progress: bars on a terminal, periodic plain lines on stderr elsewhere (a
+        log, CI); never with --quiet or --json (mrtf.progress chooses the form)."""
+        return self.chatty
+
+    @property
+    def bars(self) -> bool:
+        """Progress shows as bars (an interactive terminal), not as lines."""
+        return self.progress and sys.stderr.isatty()
 
     def say(self, text: str = "") -> None:
         if self.chatty:

@@ -6,8 +6,10 @@ from pathlib import Path
 from typing import Any
 
 from mrtf.cli.common import Out, run_guarded
+from mrtf.errors import InputError
 from mrtf.io.bundles import ReceivedSet, save_bundle
 from mrtf.io.outputs import Outputs
+from mrtf.progress import log_lines
 
 
 def run_datafree(rs: ReceivedSet, outs: Outputs, model_out: Path | None, opts: dict[str, Any],
@@ -15,9 +17,14 @@ def run_datafree(rs: ReceivedSet, outs: Outputs, model_out: Path | None, opts: d
     """Fuse ``rs`` without data and write the fused model (and the sample grid)."""
     from mrtf.cli.refine import load_student, refined_meta
     from mrtf.datafree import FusionConfig, choose_method, dump_samples, fuse
+    from mrtf.datafree.fuse import fedkf_futile
 
     method, reason = choose_method(rs, opts["datafree"])
     student, student_meta = load_student(rs, opts, None, out)
+    futile = fedkf_futile(rs.models, student) if method == "fedkf" else None
+    if futile and opts["dump_samples"] is not None:  # known now, not after the training
+        raise InputError(f"fedkf would train nothing here: {futile}; so there is no "
+                         "generator to draw: leave out --dump-samples")
     refined_meta(rs, student_meta, method, {}).validate("the fused model's metadata")
     cfg = FusionConfig(method=method, seed=opts["seed"], device=opts["device"],
                        progress=out.progress)
@@ -28,7 +35,8 @@ def run_datafree(rs: ReceivedSet, outs: Outputs, model_out: Path | None, opts: d
         else:
             cfg.steps = opts["steps"]
     out.say(f"data-free fusion with {method}: {reason}")
-    result = run_guarded(lambda: fuse(rs, cfg, student))
+    with log_lines(out.progress):
+        result = run_guarded(lambda: fuse(rs, cfg, student))
     for warning in result.warnings:
         out.warn(warning)
     last = result.history[-1] if result.history else {}
@@ -42,8 +50,14 @@ def run_datafree(rs: ReceivedSet, outs: Outputs, model_out: Path | None, opts: d
                         atomic=False, require_finite=True)
     if opts["dump_samples"] is not None:
         with outs.writing(opts["dump_samples"]) as tmp:
+            # an unconditional (FedKF) generator has no classes: rows are what the fused
+            # model predicts for its images, so each row is one class
+            teacher = None if getattr(result.generator, "conditional", False) else result.model
+            rows = "the class asked of the generator" if teacher is None else \
+                "the class the fused model gives it"
             dump_samples(result.generator, tmp, rs.num_classes, seed=opts["seed"],
-                         atomic=False)
+                         teacher=teacher, atomic=False,
+                         title=f"{method}: generated images, one row per class ({rows})")
     outs.commit()  # the model and the sample grid: both or neither
     if model_out is not None:
         out.say(f"wrote fused model to {model_out}")
@@ -51,5 +65,6 @@ def run_datafree(rs: ReceivedSet, outs: Outputs, model_out: Path | None, opts: d
         out.say(f"wrote generated samples to {opts['dump_samples']}")
     out.summary({"command": "refine", "datafree": method, "reason": reason,
                  "seconds": result.seconds, "warnings": result.warnings, "last_losses": last,
+                 "parties": opts.get("parties"),
                  "model": str(model_out) if model_out else None,
                  "samples": str(opts["dump_samples"]) if opts["dump_samples"] else None})

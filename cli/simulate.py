@@ -29,9 +29,12 @@ from mrtf.models import available_archs
 @click.option("--local-steps", type=int, default=None,
               help="Local SGD steps per round (overrides --epochs).")
 @click.option("--lr", default=0.05, show_default=True, help="Local SGD learning rate.")
-@click.option("--batch-size", default=64, show_default=True, help="Local batch size.")
+@click.option("--batch-size", default=16, show_default=True,
+              help="Local batch size (16: clients hold ~200 samples; measured in "
+                   "docs/results.md, 64 left a 10-round federation near chance).")
 @click.option("--mu", default=0.0, show_default=True,
-              help="FedProx proximal coefficient (0 = FedAvg).")
+              help="FedProx proximal coefficient μ (0 = FedAvg; evaluation runs: with "
+                   "--local-algorithm fedprox, e.g. 0.01).")
 @click.option("--arch", default="lenet", show_default=True,
               help=f"Model architecture: {', '.join(available_archs())}.")
 @click.option("--norm", type=click.Choice(["batch", "group", "none"]), default=None,
@@ -78,7 +81,7 @@ from mrtf.models import available_archs
 @click.option("--variant", type=click.Choice(["paper", "reference"]), default=None,
               help="Refinery variant.")
 @click.option("--clr-min-round", type=int, default=None,
-              help="Skip MrTF's clustered label refinery before this round (default 5).")
+              help="Skip MrTF's clustered label refinery in the first N rounds (default 5).")
 @click.option("--keep-training-on-average", is_flag=True, default=None,
               help="Refinery methods: clients keep receiving the plain average (authors' code).")
 @click.option("--fusion-iterations", type=int, default=None,
@@ -100,9 +103,15 @@ def simulate(out: Out, **opts) -> None:
     if run_opts["config_file"] or run_opts["methods"] or run_opts["run_out"]:
         return evaluation_run(out, opts, run_opts)
     given = [k for k, v in run_opts.items() if v not in (None, False)]
+    exporting = opts["export_received"] is not None or opts["export_target"] is not None
+    if given and exporting and all(k in RUN_ONLY for k in given):
+        from mrtf.cli.export_run import export_run
+
+        return export_run(out, opts, run_opts, SHARED, RUN_ONLY)
     if given:
         raise InputError(f"--{given[0].replace('_', '-')} needs an evaluation run "
-                         "(--methods, --out or --config)")
+                         "(--methods, --out or --config) or an export (--export-received, "
+                         "--export-target)")
     received_dir, target_file = opts.pop("export_received"), opts.pop("export_target")
     force, device = opts.pop("force"), opts.pop("device")
     history = opts.pop("export_history")
@@ -114,8 +123,8 @@ def simulate(out: Out, **opts) -> None:
     if target_file is not None:
         check_output(target_file, force)
     out.say(f"simulating {cfg.dataset}: K={cfg.clients} split={cfg.split} R={cfg.ratio} "
-            f"({cfg.per_round}/round) T={cfg.rounds} E={cfg.local.epochs} arch={cfg.arch} "
-            f"seed={cfg.seed}")
+            f"({cfg.per_round}/round) T={cfg.rounds} E={cfg.local.epochs} "
+            f"batch={cfg.local.batch_size} lr={cfg.local.lr} arch={cfg.arch} seed={cfg.seed}")
 
     def show(rec) -> None:
         out.say(f"round {rec.round + 1:>3}/{cfg.rounds}  accuracy {rec.accuracy:.4f}  "
@@ -134,7 +143,7 @@ def simulate(out: Out, **opts) -> None:
                 f"{target_file}")
     out.summary({
         "command": "simulate", "config": _config_dict(cfg),
-        "rounds": [vars(r) for r in result.records],
+        "rounds": [{**vars(r), "round": r.round + 1} for r in result.records],  # 1-based
         "final_accuracy": result.records[-1].accuracy, "outputs": written,
     })
 
@@ -165,6 +174,10 @@ def evaluation_run(out: Out, opts: dict, run_opts: dict) -> None:
             raise InputError(f"--{bad.replace('_', '-')} is for a single FedAvg simulation, "
                              "not an evaluation run (--methods/--out/--config)")
     data: dict = {}
+    if run_opts["resume"] and run_opts["run_out"] is not None:
+        # the run directory holds its config: `--out DIR --resume` alone continues the run
+        # (flags given again must agree with it, or the run is refused as a different one)
+        data.update(saved_config(run_opts["run_out"]))
     if run_opts["config_file"]:
         data.update(load_toml(run_opts["config_file"]))
     for name, key in SHARED.items():
@@ -191,7 +204,7 @@ def evaluation_run(out: Out, opts: dict, run_opts: dict) -> None:
                  "control-variate updates are sent as they are")
 
     def show(rec: dict) -> None:
-        if not out.progress:
+        if not out.bars:
             out.say(f"seed {rec['seed']} {rec['method']:<7} round {rec['round']:>3}/"
                     f"{cfg.rounds}  accuracy {rec['accuracy']:.4f}  {rec['seconds']:.1f}s")
 
@@ -204,6 +217,27 @@ def evaluation_run(out: Out, opts: dict, run_opts: dict) -> None:
     out.say(f"wrote {result.out}/summary.md, accuracy.png, metrics.jsonl, metrics.h5")
     out.summary({"command": "simulate", "run": str(result.out), "config": cfg.to_dict(),
                  "summary": result.summary})
+
+
+def saved_config(run_dir: Path) -> dict:
+    """The settings a run directory was started with (its ``config.json``), or {} when it
+    holds none yet (then --resume starts the run)."""
+    import json
+    from dataclasses import fields
+
+    from mrtf.federated.runner import RunConfig
+
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        return {}
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        raise InputError(f"{path} is unreadable; start the run again with --force") from None
+    if not isinstance(saved, dict):
+        raise InputError(f"{path} is not a run config; start the run again with --force")
+    known = {f.name for f in fields(RunConfig)}  # keys of older versions that no longer exist
+    return {k: v for k, v in saved.items() if k in known and k != "out"}
 
 
 def build_config(opts: dict) -> SimulationConfig:

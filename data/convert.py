@@ -8,11 +8,11 @@ import warnings
 import zipfile
 import zlib
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
-from mrtf.errors import InputError
+from mrtf.errors import InputError, first_line
 from mrtf.io.hdf5 import read_dataset, write_dataset
 from mrtf.io.limits import MAX_ABS_X, MAX_CLASSES, check_regular_file, human_bytes
 
@@ -50,7 +50,7 @@ def _check_header(source: str, fp: BinaryIO, available: int) -> None:
                 else np.lib.format.read_array_header_2_0)
         shape, _, dtype = read(fp)
     except (ValueError, OSError, EOFError, SyntaxError, TypeError) as exc:
-        raise InputError(f"{source}: not a valid .npy array ({_first_line(exc)})") from None
+        raise InputError(f"{source}: not a valid .npy array ({first_line(exc)})") from None
     if dtype.kind not in "biuf":
         raise InputError(f"{source}: holds {dtype} values; expected numbers")
     need = math.prod(shape) * dtype.itemsize
@@ -69,7 +69,7 @@ def _load_npy(p: Path) -> np.ndarray:
     except InputError:  # a ValueError too: ours, already one clear line
         raise
     except (ValueError, OSError, EOFError) as exc:
-        raise InputError(f"{p}: unreadable array file ({_first_line(exc)})") from None
+        raise InputError(f"{p}: unreadable array file ({first_line(exc)})") from None
 
 
 def _load_npz(p: Path) -> tuple[np.ndarray, np.ndarray | None]:
@@ -95,13 +95,8 @@ def _load_npz(p: Path) -> tuple[np.ndarray, np.ndarray | None]:
         raise
     except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as exc:
         raise InputError(f"{p}: not a readable .npz archive (truncated or corrupt: "
-                         f"{_first_line(exc)})") from None
+                         f"{first_line(exc)})") from None
     return arrays["x"], arrays.get("y")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:120] if text else type(exc).__name__
 
 
 def _as_images(x: np.ndarray, y: np.ndarray | None, source: str
@@ -135,13 +130,10 @@ def _as_images(x: np.ndarray, y: np.ndarray | None, source: str
     return np.ascontiguousarray(x), y
 
 
-def load_image_folder(folder: str | os.PathLike, image_size: int | None = None,
-                      channels: int | None = None) -> tuple[np.ndarray, np.ndarray | None,
-                                                            list[str]]:
-    """Images from ``folder``: one sub-folder per class (labeled, classes sorted by name) or
-    flat (unlabeled). Returns (x uint8 (N, C, H, W), y or None, class names)."""
-    from PIL import Image, UnidentifiedImageError
+def list_images(folder: str | os.PathLike) -> tuple[list[tuple[Path, int]], list[str]]:
+    """The images of ``folder`` with their class index (-1 when flat), and the class names.
 
+    One sub-folder per class (labeled, classes sorted by name) or flat (unlabeled)."""
     root = Path(folder)
     if not root.is_dir():
         raise InputError(f"{root}: not a directory")
@@ -152,7 +144,33 @@ def load_image_folder(folder: str | os.PathLike, image_size: int | None = None,
     else:
         files = [(f, -1) for f in sorted(root.iterdir()) if f.suffix.lower() in IMAGE_SUFFIXES]
     if not files:
-        raise InputError(f"{root}: holds no images ({', '.join(IMAGE_SUFFIXES)})")
+        raise InputError(f"{root}: holds no images ({', '.join(IMAGE_SUFFIXES)}); give a "
+                         "folder of images, or one sub-folder of images per class")
+    return files, classes
+
+
+def image_ids(folder: str | os.PathLike, files: list[tuple[Path, int]]) -> list[str]:
+    """Each image's path relative to ``folder`` (``cat/001.png``, ``img_7.jpg``): the id a
+    labels file carries, so labels can be joined back to the user's files."""
+    root = Path(folder)
+    return [f.relative_to(root).as_posix() for f, _ in files]
+
+
+def load_image_folder(folder: str | os.PathLike, image_size: int | None = None,
+                      channels: int | None = None) -> tuple[np.ndarray, np.ndarray | None,
+                                                            list[str]]:
+    """Images from ``folder``: one sub-folder per class (labeled, classes sorted by name) or
+    flat (unlabeled). Returns (x uint8 (N, C, H, W), y or None, class names); the images
+    are in :func:`list_images` order (see :func:`image_ids`)."""
+    files, classes = list_images(folder)
+    return _decode_images(Path(folder), files, classes, image_size, channels)
+
+
+def _decode_images(root: Path, files: list[tuple[Path, int]], classes: list[str],
+                   image_size: int | None, channels: int | None
+                   ) -> tuple[np.ndarray, np.ndarray | None, list[str]]:
+    from PIL import Image, UnidentifiedImageError
+
     mode = {1: "L", 3: "RGB", None: None}[channels]
     images = []
     total = 0
@@ -179,7 +197,7 @@ def load_image_folder(folder: str | os.PathLike, image_size: int | None = None,
             raise InputError(f"{f}: image too large (more than {MAX_IMAGE_PIXELS:,} pixels "
                              "declared; a decompression bomb?)") from None
         except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
-            raise InputError(f"{f}: unreadable image ({_first_line(exc)})") from None
+            raise InputError(f"{f}: unreadable image ({first_line(exc)})") from None
         total += images[-1].nbytes
         if total > MAX_CONVERT_BYTES:
             raise InputError(f"{root}: the images take more than "
@@ -201,13 +219,16 @@ def import_to_h5(source: str | os.PathLike, out: str | os.PathLike,
     ``atomic=False``: ``out`` is already a temporary file (see :mod:`mrtf.io.outputs`)."""
     src = Path(source)
     if src.is_dir():
-        x, y, classes = load_image_folder(src, image_size, channels)
-        attrs = {"classes": classes} if classes else {}
+        files, classes = list_images(src)
+        x, y, classes = _decode_images(src, files, classes, image_size, channels)
+        ids: Any = image_ids(src, files)
+        attrs: dict[str, Any] = {"classes": classes} if classes else {}
     else:
         x, y = load_arrays(src, labels)
-        attrs = {}
+        ids, attrs = np.arange(len(x)), {}  # row numbers: still something to join on
     attrs["source"] = str(src)
-    return write_dataset(out, x, y, attrs=attrs, atomic=atomic)
+    return write_dataset(out, x, y, ids=ids, attrs=attrs, atomic=atomic)
 
 
-__all__ = ["import_to_h5", "load_arrays", "load_image_folder", "read_dataset"]
+__all__ = ["image_ids", "import_to_h5", "list_images", "load_arrays", "load_image_folder",
+           "read_dataset"]

@@ -1,4 +1,4 @@
-"""Non-IID client splits as the papers define them (MrTF Sect. 3.3, REFERENCE-NOTES.md).
+"""Non-IID client splits as the papers define them (MrTF Sect. 3.3, docs/reference-code.md).
 
 Specs on the command line: ``iid``, ``label:C̄`` (each client sees exactly C̄ classes) and
 ``dirichlet:α`` (per-class client proportions drawn from Dir(α)). Every client gets at least

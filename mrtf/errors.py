@@ -21,3 +21,21 @@ class FusionError(RuntimeError):
 class OutputError(InputError):
     """An output cannot be written (exists, is an input, folder not writable, disk full); the
     CLI reports it like bad input: one line, exit code 2, nothing left behind."""
+
+
+def clip(text: str, limit: int = 160) -> str:
+    """``text`` on one line, at most about ``limit`` characters, never cut inside a word: a
+    library's message (torch, h5py, PIL) can run to pages, and a cut mid-word ("...but g")
+    reads as a bug of its own. A cut is marked with "…"."""
+    text = " ".join(str(text).split())
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(" ", 0, limit)
+    head = text[:cut] if cut > limit // 2 else text[:limit]
+    return head.rstrip(" ,;:(") + " …"
+
+
+def first_line(exc: BaseException, limit: int = 160) -> str:
+    """The first line of an exception's message, clipped at a word boundary."""
+    lines = str(exc).strip().splitlines()
+    return clip(lines[0], limit) if lines else type(exc).__name__

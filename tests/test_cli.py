@@ -185,6 +185,11 @@ def test_refine_without_data_fuses_data_free(simulated, tmp_path):
     res = run("refine", root / "received", "--model", tmp_path / "kf.safetensors",
               "--datafree", "fedkf", "--steps", "5", "--quiet")
     assert res.exit_code == 0 and (tmp_path / "kf.safetensors").exists()
+    # one round of parties: FedKF can only return the average; said before any work
+    res = run("refine", root / "received", "--model", tmp_path / "kf2.safetensors",
+              "--datafree", "fedkf", "--dump-samples", tmp_path / "kf.png")
+    assert res.exit_code == 2 and "fedkf would train nothing here" in res.output
+    assert not (tmp_path / "kf2.safetensors").exists()
 
 
 def test_forced_fedftg_without_counts_is_refused(simulated, tmp_path):
@@ -228,6 +233,8 @@ def test_heterogeneous_parties_need_and_use_a_student(simulated, tmp_path):
     summary = json.loads(res.output)
     assert summary["heterogeneous"] is True
     assert any("heterogeneous" in n for n in summary["notes"])
+    # issue 15.11: the student's accuracy is reported as the student's, not as an average
+    assert set(summary["accuracy"]) == {"student", "targets", "refined"}
 
 
 def test_convert_builtin_and_arrays(tmp_path):

@@ -134,3 +134,76 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
 
     assert lines(out) == lines(tmp_path / "full")
     assert [r["round"] for r in lines(out)] == [2, 4] * 3
+
+
+def test_resume_from_the_run_directory_alone(tmp_path):
+    """Issue 15.4: `--out DIR --resume` without the original flags reads DIR's config."""
+    from mrtf.federated.runner import RunConfig
+    from mrtf.federated.runner import run as run_engine
+
+    cfg = RunConfig(dataset="digits", clients=6, split="label:2", ratio=0.5, rounds=3,
+                    local_steps=2, target_size=100, methods=["fedavg", "feddf"],
+                    refine_steps=3, seeds=[0])
+    full = run_engine(cfg, tmp_path / "full")
+    assert run_engine(cfg, tmp_path / "killed", halt_after=2).summary == {}  # as if killed
+    res = run("simulate", "--out", tmp_path / "killed", "--resume")
+    assert res.exit_code == 0, res.output
+    assert res.output.startswith("evaluation run digits: K=6 split=label:2")  # not defaults
+    strip = [{k: v for k, v in r.items() if k not in ("seconds", "elapsed")}
+             for r in full.records]
+    lines = (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()
+    assert [{k: v for k, v in json.loads(x).items() if k not in ("seconds", "elapsed")}
+            for x in lines] == strip
+    # a flag given again must agree with the saved run
+    res = run("simulate", "--out", tmp_path / "killed", "--resume", "--rounds", "4")
+    assert res.exit_code == 2 and "different run" in res.output
+
+
+def test_a_running_run_directory_is_locked(tmp_path):
+    from mrtf.io.outputs import locked_dir
+
+    args = ["simulate", "--dataset", "digits", "--clients", "4", "--split", "iid", "--ratio",
+            "0.5", "--rounds", "1", "--local-steps", "1", "--target-size", "100",
+            "--methods", "fedavg", "--out", tmp_path / "r", "-q"]
+    assert run(*args).exit_code == 0
+    before = (tmp_path / "r" / "metrics.jsonl").read_text()
+    with locked_dir(tmp_path / "r"):  # another process is writing it
+        res = run("simulate", "--out", tmp_path / "r", "--resume")
+    assert res.exit_code == 2 and "another mrtf run is writing" in res.output
+    assert (tmp_path / "r" / "metrics.jsonl").read_text() == before
+    assert run("simulate", "--out", tmp_path / "r", "--resume", "-q").exit_code == 0
+    # a refused new run leaves no directory behind
+    res = run(*args[:-3], "--methods", "nope", "--out", tmp_path / "new")
+    assert res.exit_code == 2 and not (tmp_path / "new").exists()
+
+
+def test_recorded_mu_matches_the_help(tmp_path):
+    """Issue 15.11: config.toml records the μ that --help states as the default."""
+    res = run("simulate", "--dataset", "digits", "--clients", "4", "--split", "iid", "--ratio",
+              "0.5", "--rounds", "1", "--local-steps", "1", "--target-size", "100",
+              "--methods", "fedavg", "--out", tmp_path / "r", "-q")
+    assert res.exit_code == 0, res.output
+    assert "mu = 0.0\n" in (tmp_path / "r" / "config.toml").read_text()
+    assert "--mu FLOAT" in run("simulate", "--help").output
+    assert "default: 0.0" in " ".join(run("simulate", "--help").output.split())
+
+
+def test_export_works_with_run_options(tmp_path):
+    """Issue 15.11: a DP, FedProx, cross-domain federation can be exported for `refine`."""
+    res = run("simulate", "--dataset", "digits", "--clients", "4", "--split", "iid",
+              "--ratio", "0.5", "--rounds", "2", "--local-steps", "2", "--target-size", "100",
+              "--dp-sigma", "0.001", "--dp-clip", "5", "--local-algorithm", "fedprox",
+              "--mu", "0.01", "--target", "mnist5k", "--export-received", tmp_path / "recv",
+              "--export-target", tmp_path / "t.h5", "--json")
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    assert summary["config"]["dp_sigma"] == 0.001 and summary["config"]["target"] == "mnist5k"
+    files = sorted(p.name for p in (tmp_path / "recv").iterdir())
+    assert len(files) == 3 and "global-start.safetensors" in files  # 2 of 4 clients + θ_t
+    from mrtf.io import H5Dataset
+
+    with H5Dataset(tmp_path / "t.h5") as ds:  # mnist5k digits brought to digits' 1×8×8
+        assert len(ds) == 100 and ds.sample_shape == (1, 8, 8)
+    res = run("refine", tmp_path / "recv", "--data", tmp_path / "t.h5", "--method", "fedavg",
+              "--labels", tmp_path / "l.h5", "--steps", "1", "-q")
+    assert res.exit_code == 0, res.output

@@ -108,10 +108,13 @@ def test_fedkf_distils_oca_teacher_into_given_student(digits):
     assert not res.warnings
 
 
-def test_fedkf_single_round_warns_and_keeps_average(digits):
+def test_fedkf_single_round_is_skipped_and_keeps_average(digits):
+    """Issue 15.3: OCA = ACA is known before training; the work is skipped and said so."""
     received, x, _ = digits
     res = fuse(received, FusionConfig(method="fedkf", steps=5, progress=False))
-    assert any("one round" in w for w in res.warnings)
+    assert any(w.startswith("fedkf skipped") and "parameter average" in w
+               for w in res.warnings)
+    assert res.history == [] and res.generator is None
     avg, _ = average_received(received.by_role("local"))
     with torch.no_grad():
         assert torch.allclose(res.model(x), avg(x), atol=1e-4)
@@ -139,7 +142,8 @@ def test_dump_samples_writes_png_and_nothing_on_failure(tmp_path, digits):
     out = dump_samples(gen, tmp_path / "grid.png", 10, per_class=4, seed=0)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     received, _, _ = digits
-    kf = fuse(received, FusionConfig(method="fedkf", steps=2, progress=False))
+    kf = fuse(received, FusionConfig(method="fedkf", steps=2, progress=False,
+                                     skip_futile=False))
     dump_samples(kf.generator, tmp_path / "kf.png", 10, per_class=3,
                  teacher=received.models[0].build())
     assert (tmp_path / "kf.png").stat().st_size > 0
@@ -153,3 +157,25 @@ def test_dump_samples_writes_png_and_nothing_on_failure(tmp_path, digits):
     assert sorted(os.listdir(tmp_path)) == ["grid.png", "kf.png"]
     with pytest.raises(InputError):
         dump_samples(gen, tmp_path / "missing" / "g.png", 10)
+
+
+def test_generator_collapse_stops_the_run_early(digits, monkeypatch):
+    """Issue 15.3: a collapsed generator stops FedKF minutes in, not after the run."""
+    import mrtf.datafree.common as common
+
+    received, _, _ = digits
+    monkeypatch.setattr(common, "mean_pairwise_distance", lambda x: 0.0)
+    steps = []
+    cfg = FusionConfig(method="fedkf", steps=200, progress=False, skip_futile=False)
+    import mrtf.datafree.fedkf as fedkf
+
+    real = fedkf.student_step
+
+    def counting(*args, **kwargs):
+        steps.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fedkf, "student_step", counting)
+    with pytest.raises(FusionError, match="collapsed by step 50 of 200"):
+        fuse(received, cfg)
+    assert len(steps) == 50  # checked every 25 steps; two checks in a row

@@ -7,7 +7,7 @@ from mrtf.models import available_archs, build_model
 
 IMAGE_ARCHS = ["mlp", "lenet", "convnet", "vgg8", "resnet8", "resnet20"]
 SHAPES = [(1, 8), (1, 28), (3, 28), (3, 32)]
-# Feature sizes the reference networks have (REFERENCE-NOTES.md).
+# Feature sizes the reference networks have (docs/reference-code.md).
 EXPECTED_FEATURES = {("mlp", 1, 28): 128, ("lenet", 1, 28): 256, ("convnet", 3, 32): 1024,
                      ("vgg8", 3, 32): 512, ("resnet8", 3, 32): 64, ("resnet20", 3, 32): 64}
 

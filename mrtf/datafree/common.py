@@ -75,6 +75,30 @@ def collapse_warning(x: torch.Tensor, tol: float, method: str) -> list[str]:
     return []
 
 
+class CollapseWatch:
+    """Checks the generated batch every ``every`` steps while training: two checks in a row
+    with (nearly) identical images (mean pairwise |x_i - x_j| < ``tol``) stop the run with a
+    FusionError, minutes into it rather than after it (the sample grid then shows one image
+    in every row and the fused model learned from one input)."""
+
+    def __init__(self, total: int, tol: float, method: str) -> None:
+        self.total, self.tol, self.method = total, tol, method
+        self.every = max(25, total // 20)
+        self.hits = 0
+
+    def check(self, step: int, batch: torch.Tensor | None) -> None:
+        if batch is None or (step + 1) % self.every or step + 1 >= self.total:
+            return
+        d = mean_pairwise_distance(batch)
+        self.hits = self.hits + 1 if math.isfinite(d) and d < self.tol else 0
+        if self.hits >= 2:
+            raise FusionError(
+                f"{self.method}: the generator collapsed by step {step + 1} of {self.total} "
+                f"(every generated image is nearly the same: mean |x_i - x_j| = {d:.1e}); "
+                "stopped early and nothing was written. Try another --seed, --datafree "
+                "fedftg (needs label counts), or refine with --data")
+
+
 def stack_logits(models: Sequence[nn.Module], x: torch.Tensor) -> torch.Tensor:
     """(K, B, C): every model's logits on the same batch."""
     return torch.stack([m(x) for m in models])

@@ -2,7 +2,7 @@
 
 ``None`` means "the chosen method's default":
 
-| setting | FedFTG (fedftg-cvpr Sect. 4.1, Alg. 2) | FedKF (fedkf Sect. IV, REFERENCE-NOTES) |
+| setting | FedFTG (fedftg-cvpr Sect. 4.1, Alg. 2) | FedKF (fedkf Sect. IV; docs) |
 |---|---|---|
 | batch_size | 50 | 64 |
 | gen_lr | Adam 0.01, ×0.998 per round | Adam 1e-3 |
@@ -65,6 +65,9 @@ class FusionConfig:
     momentum: float | None = None
     activation: str = "sigmoid"
     collapse_tol: float = 1e-3
+    # FedKF when every party's latest model is from one round: OCA = ACA, the result is the
+    # parameter average whatever the training does; skip the training (say so) unless False
+    skip_futile: bool = True
     seed: int = 0
     device: str | None = None
     progress: bool = True

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mrtf.averaging import average_received
-from mrtf.datafree.common import FusionState, check_finite, freeze
+from mrtf.datafree.common import CollapseWatch, FusionState, check_finite, freeze
 from mrtf.datafree.config import FusionConfig
 from mrtf.datafree.generators import UnconditionalGenerator, default_noise_dim, sample_noise
 from mrtf.errors import InputError
@@ -135,6 +135,7 @@ def run_fedkf(teacher: nn.Module, student: nn.Module, image_shape: tuple[int, in
     g_opt = torch.optim.Adam(gen.parameters(), lr=cfg.gen_lr)
     s_opt = torch.optim.SGD(st.student.parameters(), lr=cfg.student_lr,
                             momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    watch = CollapseWatch(cfg.steps, cfg.collapse_tol, "fedkf")
     for step in range(cfg.steps):
         rec: dict[str, float] = {"step": step}
         rec.update(generator_step(st, teacher, sample_noise(cfg.batch_size, gen.noise_dim,
@@ -145,6 +146,7 @@ def run_fedkf(teacher: nn.Module, student: nn.Module, image_shape: tuple[int, in
         st.history.append(rec)
         if on_step:
             on_step(rec)
+        watch.check(step, st.last_batch)
     st.student.eval()
     st.generator.eval()
     return st

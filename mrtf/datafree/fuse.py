@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from torch import nn
-from tqdm.auto import tqdm
 
 from mrtf.averaging import average_received
 from mrtf.datafree.common import collapse_warning, image_shape_of
@@ -21,6 +20,7 @@ from mrtf.datafree.fedftg import run_fedftg
 from mrtf.datafree.fedkf import aca_average, latest_per_party, oca_average, run_fedkf
 from mrtf.device import pick_device
 from mrtf.errors import InputError
+from mrtf.progress import bar as progress_bar
 
 
 @dataclass
@@ -31,7 +31,7 @@ class FusionResult:
     method: str
     reason: str
     history: list[dict[str, float]]
-    generator: nn.Module
+    generator: nn.Module | None  # None when the work was skipped (fedkf_futile)
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -66,9 +66,8 @@ def choose_method(received, forced: str | None = None) -> tuple[str, str]:
                       "label sampling and class-level ensemble")
 
 
-def _bar(cfg: FusionConfig, total: int, desc: str):
-    return tqdm(total=total, desc=desc, disable=not cfg.progress, leave=False,
-                dynamic_ncols=True)
+def _bar(cfg: FusionConfig, total: int, desc: str, unit: str):
+    return progress_bar(total, desc, unit, enabled=cfg.progress)
 
 
 def _fuse_fedftg(models: Sequence, cfg: FusionConfig, student: nn.Module | None, dev
@@ -80,12 +79,29 @@ def _fuse_fedftg(models: Sequence, cfg: FusionConfig, student: nn.Module | None,
     start = copy.deepcopy(student) if student is not None else average_received(models)[0]
     counts = [m.meta.label_counts for m in models]
     shape = image_shape_of(models[0].meta)
-    with _bar(cfg, cfg.rounds * cfg.iterations, "FedFTG") as bar:
+    with _bar(cfg, cfg.rounds * cfg.iterations, "FedFTG", "iteration") as bar:
         def tick(rec: dict[str, float]) -> None:
             bar.set_postfix(gen=f"{rec['gen_loss']:.3f}", md=f"{rec['md_student']:.4f}")
             bar.update()
         st = run_fedftg([m.build(dev) for m in models], counts, start, shape, cfg, dev, tick)
     return st.student, st.history, st.generator, st.last_batch, []
+
+
+def fedkf_futile(models: Sequence, student: nn.Module | None = None) -> str | None:
+    """Why FedKF cannot change the parameter average here, known before any training: every
+    party's latest model is from one round, so the OCA teacher (each party's latest model,
+    averaged) equals the ACA average the student starts from. None when FedKF can help."""
+    if student is not None:
+        return None
+    local = [m for m in models if m.meta.role == "local"]
+    rounds = {m.meta.round for m in latest_per_party(local)}
+    if len(rounds) > 1:
+        return None
+    which = "one round" if None in rounds else f"round {next(iter(rounds)) + 1}"
+    return (f"every party's latest model is from {which}, so FedKF's OCA teacher equals the "
+            "ACA average it starts from and the result is the parameter average; it was "
+            "written without training. For a fusion that can differ: --datafree fedftg "
+            "(needs label counts) or models of several rounds (simulate --export-history)")
 
 
 def _fuse_fedkf(models: Sequence, cfg: FusionConfig, student: nn.Module | None, dev
@@ -96,12 +112,13 @@ def _fuse_fedkf(models: Sequence, cfg: FusionConfig, student: nn.Module | None, 
         start = copy.deepcopy(student)
     else:
         start, _ = aca_average(models)
-        if len({m.meta.round for m in latest_per_party(models)}) <= 1:
-            notes.append("fedkf: every party's latest model is from one round, so the OCA "
-                         "teacher equals the ACA student it starts from and distillation "
-                         "cannot change it (the result is the parameter average)")
+        why = fedkf_futile(models, student)
+        if why and cfg.skip_futile:
+            return start, [], None, None, [f"fedkf skipped: {why}"]
+        if why:
+            notes.append(f"fedkf: {why}")
     shape = image_shape_of(models[0].meta)
-    with _bar(cfg, cfg.steps, "FedKF") as bar:
+    with _bar(cfg, cfg.steps, "FedKF", "step") as bar:
         def tick(rec: dict[str, float]) -> None:
             bar.set_postfix(gen=f"{rec['gen_loss']:.3f}", kl=f"{rec['kl_student']:.4f}")
             bar.update()

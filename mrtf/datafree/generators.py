@@ -6,7 +6,7 @@ arXiv supplement, adapted to the input shape) and an unconditional variant G(z; 
 
 Table 7 for 32×32: FC(z) → 4096 and FC(onehot(y)) → 4096, concatenated and reshaped to
 128 × 8 × 8. Here the start map is 128 × s × s with s = ceil(H/4) (8×8 → 2, 28 → 7, 32 → 8), so
-each branch gives 64·s² values. Then, following the authors' code (REFERENCE-NOTES.md): BN,
+each branch gives 64·s² values. Then, following the authors' code (docs/reference-code.md): BN,
 ×2 upsample, conv 128, BN, LeakyReLU 0.2, upsample to H×W, conv 64, BN, LeakyReLU 0.2, conv to
 the image channels, then the output activation. ``sigmoid`` is the default because mrtf images
 lie in [0, 1] without normalisation; ``tanh`` (the paper's choice, [-1, 1]) is an option.

@@ -39,12 +39,14 @@ def _rows(generator: nn.Module, num_classes: int, per_class: int, seed: int,
 
 def dump_samples(generator: nn.Module, path_png: str | os.PathLike, num_classes: int,
                  per_class: int = 8, seed: int = 0, teacher: nn.Module | None = None,
-                 atomic: bool = True) -> Path:
+                 atomic: bool = True, title: str | None = None,
+                 class_names: list[str] | None = None) -> Path:
     """Write a grid PNG of generated images (rows = classes) to ``path_png``, atomically.
 
     For an unconditional (FedKF) generator, rows are the ``teacher``'s predicted classes when a
     teacher is given (empty cells where it predicted that class fewer times), else plain rows.
-    Nothing is written when anything fails.
+    Nothing is written when anything fails. ``title`` heads the grid (default: what the rows
+    are); ``class_names`` label the rows (default ``class 0``, ``class 1``, ...).
     """
     import matplotlib
 
@@ -57,8 +59,14 @@ def dump_samples(generator: nn.Module, path_png: str | os.PathLike, num_classes:
     if not out.parent.is_dir():
         raise InputError(f"{out.parent}: output directory does not exist")
     rows = _rows(generator, num_classes, per_class, seed, teacher)
+    names = class_names or [f"class {c}" for c in range(num_classes)]
+    if title is None:
+        title = ("generated samples, one row per class" if getattr(generator, "conditional",
+                                                                   False)
+                 else "generated samples, rows: the class the model predicts" if teacher
+                 is not None else "generated samples (unconditional generator, no classes)")
     fig, axes = plt.subplots(num_classes, per_class, squeeze=False,
-                             figsize=(per_class * 0.8, num_classes * 0.8))
+                             figsize=(per_class * 0.8 + 1.0, num_classes * 0.8 + 0.6))
     try:
         for c, row in enumerate(axes):
             for j, ax in enumerate(row):
@@ -67,8 +75,14 @@ def dump_samples(generator: nn.Module, path_png: str | os.PathLike, num_classes:
                     img = rows[c][j]
                     ax.imshow(img[..., 0] if img.shape[-1] == 1 else img, cmap="gray",
                               vmin=0, vmax=1)
-            row[0].text(-0.1, 0.5, str(c), transform=row[0].transAxes, ha="right",
-                        va="center")
+            label = names[c] if c < len(names) else str(c)
+            if not rows[c]:
+                label += " (none)"
+            row[0].text(-0.1, 0.5, label, transform=row[0].transAxes, ha="right",
+                        va="center", fontsize=8)
+        fig.suptitle(title, fontsize=9)
+        fig.subplots_adjust(left=0.2, right=0.98, bottom=0.02,
+                            top=1 - 0.45 / (num_classes * 0.8 + 0.6))
         with atomic_path(out, atomic) as tmp:
             fig.savefig(tmp, format="png", dpi=80)
     finally:

@@ -64,8 +64,9 @@ def summary_markdown(records: list[dict], config: dict | None = None) -> str:
     summ = summarize(records)
     lines = ["# Federated evaluation run", ""]
     if config:
-        keys = ("dataset", "target", "clients", "split", "ratio", "rounds", "epochs", "arch",
-                "local_algorithm", "dp_sigma", "dp_clip")
+        keys = ("dataset", "target", "clients", "split", "ratio", "rounds", "epochs",
+                "local_steps", "batch_size", "lr", "arch", "local_algorithm",
+                "keep_training_on_average", "dp_sigma", "dp_clip")
         lines += ["Setting: " + ", ".join(f"{k}={config.get(k)}" for k in keys
                                            if k in config), ""]
     lines += ["Accuracy on the target set (mean ± std over seeds; best of the last 5 "
@@ -108,29 +109,64 @@ def _local_lines(records: list[dict], summ: dict) -> list[str]:
             "seeds:", "", "| method | model | AMP | FM | WLP |", "|---|---|---|---|---|", *rows]
 
 
-def plot(records: list[dict], path: Path) -> None:
+def plot_title(config: dict | None) -> str:
+    """The setting in two lines: data and split, then federation and training."""
+    if not config:
+        return "accuracy on the target set"
+    data = config.get("dataset", "?")
+    if config.get("target") and config.get("target") != data:
+        data = f"{data} → {config['target']}"
+    first = f"{data}, split {config.get('split')}, K={config.get('clients')}, " \
+            f"R={config.get('ratio')}"
+    local = f"E={config.get('epochs')}" if not config.get("local_steps") else \
+        f"{config.get('local_steps')} local steps"
+    second = f"{config.get('arch')}, {local}, batch {config.get('batch_size')}, " \
+             f"clients: {config.get('local_algorithm', 'fedavg')}"
+    if config.get("keep_training_on_average"):
+        second += " on the plain average"
+    if config.get("dp_sigma") or config.get("dp_clip"):
+        second += f", DP σ={config.get('dp_sigma')} clip={config.get('dp_clip')}"
+    return f"{first}\n{second}"
+
+
+def plot(records: list[dict], path: Path, config: dict | None = None) -> None:
+    """accuracy.png: mean accuracy per round and method; with several seeds, a band from the
+    lowest to the highest seed (said in the legend). The y-axis spans 0-1 so that a few
+    points of noise do not look like a trend; rounds are whole numbers."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import MaxNLocator
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    n_seeds = 1
     for m in _methods(records):
         series = _series(records, m)
+        n_seeds = max(n_seeds, len(series))
         rounds = sorted({r["round"] for rs in series.values() for r in rs})
         acc = np.full((len(series), len(rounds)), np.nan)
         for i, rs in enumerate(series.values()):
             for r in rs:
                 acc[i, rounds.index(r["round"])] = r["accuracy"]
         mean = np.nanmean(acc, 0)
-        line, = ax.plot(rounds, mean, marker="o" if len(rounds) < 20 else None, label=m)
+        label = m if len(series) == 1 else f"{m} (mean of {len(series)} seeds)"
+        line, = ax.plot(rounds, mean, marker="o" if len(rounds) < 20 else None, label=label)
         if len(series) > 1:
             ax.fill_between(rounds, np.nanmin(acc, 0), np.nanmax(acc, 0),
                             color=line.get_color(), alpha=0.2)
-    ax.set_xlabel("round")
+    handles, labels = ax.get_legend_handles_labels()
+    if n_seeds > 1:
+        handles.append(Patch(color="grey", alpha=0.3))
+        labels.append("band: lowest to highest seed")
+    ax.set_xlabel("round (1 = after the first round)")
     ax.set_ylabel("accuracy on the target set")
+    ax.set_ylim(0, 1)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.set_title(plot_title(config), fontsize=9)
+    ax.legend(handles, labels, fontsize=8, loc="best")
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
@@ -162,7 +198,7 @@ def render(run_dir: str | Path, records: list[dict] | None = None) -> dict:
     cfg_path = run_dir / "config.json"
     config = json.loads(cfg_path.read_text()) if cfg_path.is_file() else None
     write_h5(records, run_dir / "metrics.h5")
-    plot(records, run_dir / "accuracy.png")
+    plot(records, run_dir / "accuracy.png", config)
     with atomic_path(run_dir / "summary.md") as tmp:
         tmp.write_text(summary_markdown(records, config))
     return summarize(records)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from mrtf.device import pick_device
-from mrtf.errors import InputError
+from mrtf.errors import InputError, first_line
 from mrtf.federated.fairness import (
     LOCAL_METRICS,
     client_accuracies,
@@ -45,6 +45,8 @@ from mrtf.federated.methods import (
 )
 from mrtf.federated.simulate import Federation, SimulationConfig, prepare_federation
 from mrtf.io.atomic import atomic_path, is_temp_name
+from mrtf.io.outputs import RUN_LOCK, locked_dir
+from mrtf.progress import bar as progress_bar
 
 LOCAL_ALGORITHMS = ("fedavg", "fedprox", "scaffold")
 VARIANTS = ("paper", "reference")
@@ -65,9 +67,9 @@ class RunConfig:
     epochs: int = 2
     local_steps: int | None = None
     lr: float = 0.05
-    batch_size: int = 64
+    batch_size: int = 16  # measured: docs/results.md ("Defaults")
     local_algorithm: str = "fedavg"
-    mu: float = 0.01  # FedProx μ (used with local_algorithm = fedprox)
+    mu: float = 0.0  # FedProx μ: needs local_algorithm = fedprox and μ > 0 (e.g. 0.01)
     arch: str = "lenet"
     norm: str | None = None
     target_size: int = 1000
@@ -159,7 +161,7 @@ class RunConfig:
         bad(self.local_algorithm not in LOCAL_ALGORITHMS, f"unknown local algorithm "
             f"{self.local_algorithm!r}; choose from {', '.join(LOCAL_ALGORITHMS)}")
         bad(self.local_algorithm == "fedprox" and not self.mu > 0,
-            f"fedprox needs mu > 0, got {self.mu}")
+            f"fedprox needs mu > 0, got {self.mu}; give --mu (e.g. --mu 0.01)")
         bad(not (self.dp_sigma >= 0 and math.isfinite(self.dp_sigma)),
             f"dp_sigma (σ) must be >= 0, got {self.dp_sigma}")
         bad(not (self.dp_clip >= 0 and math.isfinite(self.dp_clip)),
@@ -398,12 +400,12 @@ def prepare_out(cfg: RunConfig, out: Path, resume: bool, force: bool) -> bool:
         for stray in out.iterdir():
             if is_temp_name(stray.name) and stray.is_file() and not stray.is_symlink():
                 stray.unlink(missing_ok=True)
-    if out.exists() and any(out.iterdir()):
+    if out.exists() and any(p.name != RUN_LOCK for p in out.iterdir()):
         if not force:
             raise InputError(f"{out} is not empty; choose a new directory, --resume a run "
                              "there, or pass --force to replace it")
         ours = set(RUN_FILES) | {"ckpt"}
-        others = [p.name for p in out.iterdir() if p.name not in ours]
+        others = [p.name for p in out.iterdir() if p.name not in ours | {RUN_LOCK}]
         if others:
             raise InputError(f"{out} holds files that are not a run's ({others[0]}, ...); "
                              "refusing to replace it")
@@ -419,15 +421,18 @@ def prepare_out(cfg: RunConfig, out: Path, resume: bool, force: bool) -> bool:
 def run(cfg: RunConfig, out: str | Path | None = None, resume: bool = False,
         force: bool = False, progress: bool = False, device: str | None = None,
         on_record: Callable[[dict], None] | None = None, halt_after: int | None = None,
-        on_warning: Callable[[str], None] | None = None) -> RunResult:
+        on_warning: Callable[[str], None] | None = None,
+        on_updates: Callable[..., None] | None = None) -> RunResult:
     """Run every (seed, method) of ``cfg`` and write the run directory.
 
     on_record : called with each metrics row as it is written.
     on_warning : called with a strategy's first warning of each (seed, method) track.
+    on_updates : called as ``(seed, method, round, start_state, updates, federation)`` with
+        each round's client updates as the server sees them (after DP), e.g. to export what
+        a pilot party receives.
     halt_after : stop (as if killed) after this many rounds in total have been checkpointed;
         for testing resumption.
     """
-    from mrtf.federated.report import render
 
     cfg.validate()
     out = Path(out or cfg.out or "")
@@ -435,8 +440,27 @@ def run(cfg: RunConfig, out: str | Path | None = None, resume: bool = False,
         raise InputError("no output directory: give --out (or 'out' in the config file)")
     feds = {cfg.seeds[0]: prepare_run(cfg, cfg.seeds[0])}  # bad data fails before any write
     _check_target_fits(cfg, feds[cfg.seeds[0]])
-    resuming = prepare_out(cfg, out, resume, force)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out} exists and is not a directory; choose another --out")
+    made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        with locked_dir(out):
+            return _run_locked(cfg, out, feds, resume, force, progress, device,
+                               _Hooks(None, on_record, on_warning, on_updates), halt_after)
+    finally:
+        if made and [p.name for p in out.iterdir()] == [RUN_LOCK]:  # refused: leave nothing
+            (out / RUN_LOCK).unlink(missing_ok=True)
+            out.rmdir()
+
+
+def _run_locked(cfg: RunConfig, out: Path, feds: dict, resume: bool, force: bool,
+                progress: bool, device: str | None, given: _Hooks, halt_after: int | None
+                ) -> RunResult:
+    """:func:`run` once the run directory is locked."""
+    from mrtf.federated.report import render
+
+    resuming = prepare_out(cfg, out, resume, force)
     ckdir = out / "ckpt"
     ckdir.mkdir(exist_ok=True)
     if not resuming:
@@ -444,11 +468,8 @@ def run(cfg: RunConfig, out: str | Path | None = None, resume: bool = False,
         _write_text(out / "config.toml", to_toml(cfg.to_dict()))
     dev = pick_device(device)
     bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(cfg.seeds) * len(cfg.methods) * cfg.rounds, unit="round",
-                   desc="simulate")
+    if progress:  # a bar on a terminal, plain lines in a log
+        bar = progress_bar(len(cfg.seeds) * len(cfg.methods) * cfg.rounds, "simulate", "round")
     all_records: dict[str, list[dict]] = {}
     counter = {"rounds": 0}
     try:
@@ -456,7 +477,7 @@ def run(cfg: RunConfig, out: str | Path | None = None, resume: bool = False,
             fed = feds.pop(seed, None) or prepare_run(cfg, seed)
             for method in cfg.methods:
                 name = track_name(seed, method)
-                hooks = _Hooks(bar, on_record, on_warning)
+                hooks = _Hooks(bar, given.on_record, given.on_warning, given.on_updates)
                 recs = _run_track(cfg, fed, seed, method, ckdir, name, dev, hooks, counter,
                                   halt_after, all_records, out)
                 all_records[name] = recs
@@ -478,6 +499,7 @@ class _Hooks:
     bar: Any = None
     on_record: Callable[[dict], None] | None = None
     on_warning: Callable[[str], None] | None = None
+    on_updates: Callable[..., None] | None = None
     warned: bool = False
 
     def warn(self, lines: list[str], seed: int) -> None:
@@ -504,7 +526,7 @@ def _check_target_fits(cfg: RunConfig, fed: Federation) -> None:
             logits = model(fed.target_x[:1])
     except (RuntimeError, ValueError, IndexError, TypeError) as exc:
         raise InputError(f"target images of shape {tuple(fed.target_x.shape[1:])} do not fit "
-                         f"the {cfg.arch} models ({str(exc).splitlines()[0][:100]})") from None
+                         f"the {cfg.arch} models ({first_line(exc)})") from None
     if logits.shape[-1] != fed.num_classes:
         raise InputError("the target does not fit the source's models")
 
@@ -614,7 +636,10 @@ def _run_track(cfg: RunConfig, fed: Federation, seed: int, method: str, ckdir: P
         chosen = sorted(np.random.default_rng([seed, rnd, 17]).choice(
             cfg.clients, size=sim.per_round, replace=False).tolist())
         model.load_state_dict(ts.global_state)
+        start_state = ts.global_state
         updates = _train_clients(cfg, fed, ts, strategy, model, chosen, rnd, seed, dev)
+        if hooks.on_updates:
+            hooks.on_updates(seed, method, rnd, start_state, updates, fed)
         evaluate = (rnd + 1) % cfg.eval_every == 0 or rnd == cfg.rounds - 1
         agg = strategy.aggregate(rnd, ts.global_state, updates, evaluate)
         hooks.warn(agg.warnings, seed)

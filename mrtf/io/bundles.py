@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import save
 from torch import nn
 
-from mrtf.errors import InputError
+from mrtf.errors import InputError, clip
 from mrtf.io.atomic import atomic_path
 from mrtf.io.limits import (
     MAX_CLASSES,
@@ -37,7 +37,12 @@ from mrtf.models import build_model
 
 ROLES = ("local", "global", "refined")
 _META_KEYS = ("arch", "arch_kwargs", "num_classes", "party", "label_counts", "n_samples",
-              "train_loss", "round", "role")
+              "train_loss", "round", "role", "round_base")
+#: files count rounds from 1, as the papers and the console do (``mrtf.round_base = 1``);
+#: files without the key are older, 0-based ones. In memory ``BundleMeta.round`` stays
+#: 0-based (what the refinery and the fusion compare); :attr:`BundleMeta.round_number` is
+#: the round as printed.
+ROUND_BASE = 1
 
 
 @dataclass
@@ -51,19 +56,27 @@ class BundleMeta:
     label_counts: list[int] | None = None
     n_samples: int | None = None
     train_loss: float | None = None
-    round: int | None = None
+    round: int | None = None  # 0-based in memory; files say round + 1 (see ROUND_BASE)
     role: str = "local"
     extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def round_number(self) -> int | None:
+        """The round as people count it (1 = the first round), as printed everywhere."""
+        return None if self.round is None else self.round + ROUND_BASE
 
     def to_header(self) -> dict[str, str]:
         """String-valued safetensors ``__metadata__``."""
         head = {"mrtf.arch": self.arch, "mrtf.num_classes": str(self.num_classes),
                 "mrtf.arch_kwargs": json.dumps(self.arch_kwargs, sort_keys=True),
                 "mrtf.role": self.role}
-        for key in ("party", "n_samples", "train_loss", "round"):
+        for key in ("party", "n_samples", "train_loss"):
             value = getattr(self, key)
             if value is not None:
                 head[f"mrtf.{key}"] = repr(value) if isinstance(value, float) else str(value)
+        if self.round is not None:
+            head["mrtf.round"] = str(self.round_number)
+            head["mrtf.round_base"] = str(ROUND_BASE)
         if self.label_counts is not None:
             head["mrtf.label_counts"] = json.dumps([int(c) for c in self.label_counts])
         head.update({k if k.startswith("mrtf.") else f"mrtf.{k}": v
@@ -89,7 +102,7 @@ class BundleMeta:
                 n_samples=_int(head["mrtf.n_samples"]) if "mrtf.n_samples" in head else None,
                 train_loss=(float(head["mrtf.train_loss"])
                             if "mrtf.train_loss" in head else None),
-                round=_int(head["mrtf.round"]) if "mrtf.round" in head else None,
+                round=_read_round(head),
                 role=head.get("mrtf.role", "local"),
                 extra={k: str(v) for k, v in head.items()
                        if k.startswith("mrtf.") and k[5:] not in _META_KEYS},
@@ -119,7 +132,7 @@ class BundleMeta:
                                and 0 <= c <= MAX_COUNT for c in lc)):
                 raise InputError(
                     f"mrtf.label_counts must be {self.num_classes} integers in [0, "
-                    f"{MAX_COUNT:.0e}] (one per class), got {str(lc)[:80]}")
+                    f"{MAX_COUNT:.0e}] (one per class), got {clip(str(lc), 80)}")
             if sum(lc) == 0:
                 raise InputError("mrtf.label_counts are all zero (a party that trained on "
                                  "no samples)")
@@ -132,6 +145,21 @@ class BundleMeta:
             bounded_float(self.train_loss, "mrtf.train_loss", 0.0, MAX_LOSS)
         if self.round is not None:
             bounded_int(self.round, "mrtf.round", 0, MAX_ROUND)
+
+
+def _read_round(head: dict[str, str]) -> int | None:
+    """``mrtf.round`` as the 0-based round in memory: files with ``mrtf.round_base = 1``
+    count from 1; older files without the key counted from 0."""
+    if "mrtf.round" not in head:
+        return None
+    base = _int(head.get("mrtf.round_base", "0"))
+    if base not in (0, 1):
+        raise ValueError(f"mrtf.round_base must be 0 or 1, got {base}")
+    value = _int(head["mrtf.round"])
+    if value < base:
+        raise ValueError(f"mrtf.round must be >= {base} (rounds counted from {base}), got "
+                         f"{value}")
+    return value - base
 
 
 def _int(text: str) -> int:

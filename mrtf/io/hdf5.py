@@ -1,4 +1,4 @@
-"""HDF5 datasets (``x``, optional ``y`` and ``ids``) and label files (DESIGN.md formats).
+"""HDF5 datasets (``x``, optional ``y`` and ``ids``) and label files (README "Formats").
 
 Datasets are read in chunks, so M may exceed memory. ``x`` is float32, or uint8 scaled by
 1/255. ``y`` is only ever used for scoring.
@@ -19,7 +19,7 @@ import h5py
 import numpy as np
 
 import mrtf
-from mrtf.errors import InputError
+from mrtf.errors import InputError, first_line
 from mrtf.io.atomic import atomic_path
 from mrtf.io.limits import (
     MAX_ABS_X,
@@ -36,7 +36,7 @@ def _open(path: str | os.PathLike) -> h5py.File:
     try:
         return h5py.File(p, "r")
     except OSError as exc:
-        raise InputError(f"{p}: not a readable HDF5 file ({str(exc).splitlines()[0][:120]})"
+        raise InputError(f"{p}: not a readable HDF5 file ({first_line(exc)})"
                          ) from None
 
 
@@ -55,7 +55,7 @@ def _reading(p: Path, name: str) -> Iterator[None]:
         yield
     except OSError as exc:
         raise InputError(f"{p}: cannot read '{name}' (corrupt or truncated file: "
-                         f"{str(exc).splitlines()[0][:100]})") from None
+                         f"{first_line(exc)})") from None
 
 
 class H5Dataset:
@@ -127,10 +127,11 @@ class H5Dataset:
         return y.astype(np.int64)
 
     def ids(self) -> np.ndarray | None:
+        """The samples' ids (file names as ``str``, or numbers), or None."""
         if "ids" not in self._file:
             return None
         with _reading(self.path, "ids"):
-            return self._file["ids"][:]
+            return read_ids(self._file["ids"])
 
     def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Rows [start, stop) of ``x`` as float32 (uint8 scaled by 1/255)."""
@@ -246,10 +247,30 @@ def write_dataset(path: str | os.PathLike, x: np.ndarray, y: np.ndarray | None =
         if y is not None:
             f.create_dataset("y", data=np.asarray(y, dtype=np.int64))
         if ids is not None:
-            f.create_dataset("ids", data=np.asarray(ids))
+            write_ids(f, ids)
         for key, value in (attrs or {}).items():
             f.attrs[key] = value if isinstance(value, (int, float, str)) else json.dumps(value)
     return out
+
+
+def write_ids(f: h5py.File, ids: Any) -> None:
+    """``ids`` as an HDF5 dataset: text (file names) as UTF-8 strings, numbers as they are."""
+    arr = np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids)
+    if arr.dtype.kind in "OUS":
+        text = [v.decode() if isinstance(v, bytes) else str(v) for v in arr.tolist()]
+        f.create_dataset("ids", data=np.array(text, dtype=object),
+                         dtype=h5py.string_dtype("utf-8"))
+    else:
+        f.create_dataset("ids", data=arr)
+
+
+def read_ids(ds: h5py.Dataset) -> np.ndarray:
+    """An ``ids`` dataset: strings come back as ``str`` (object array), numbers as numbers."""
+    if h5py.check_string_dtype(ds.dtype) is not None:
+        return ds.asstr()[:]
+    if ds.dtype.kind == "S":
+        return np.array([v.decode(errors="replace") for v in ds[:].tolist()], dtype=object)
+    return ds[:]
 
 
 @dataclass
@@ -292,8 +313,7 @@ def write_labels(path: str | os.PathLike, labels: LabelSet, method: str,
         f.create_dataset("probs", data=labels.probs.astype(np.float32))
         f.create_dataset("confidence", data=labels.confidence.astype(np.float32))
         f.create_dataset("entropy", data=labels.entropy)
-        if labels.ids is not None:
-            f.create_dataset("ids", data=labels.ids)
+        write_ids(f, labels.ids if labels.ids is not None else np.arange(len(labels.labels)))
         f.attrs["mrtf_version"] = mrtf.__version__
         f.attrs["method"] = method
         f.attrs["config"] = json.dumps(config, sort_keys=True, default=str)
@@ -325,7 +345,7 @@ def read_labels(path: str | os.PathLike) -> LabelSet:
         with _reading(p, "labels"):
             raw = lab[:]
             probs = f["probs"][:].astype(np.float32) if "probs" in f else None
-            ids = f["ids"][:] if "ids" in f else None
+            ids = read_ids(f["ids"]) if "ids" in f else None
         attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
     c = probs.shape[1] if probs is not None else MAX_CLASSES
     if int(raw.min()) < 0 or int(raw.max()) >= c:

@@ -142,7 +142,7 @@ def reference_shapes(arch: str, num_classes: int, kwargs: dict[str, Any]
 def bounded_float(value: float, name: str, low: float, high: float) -> float:
     if not math.isfinite(value) or not low <= value <= high:
         raise InputError(f"{name} must be a finite number in [{low:g}, {high:g}], "
-                         f"got {str(value)[:24]}")
+                         f"got {value:.6g}")
     return value
 
 

@@ -180,6 +180,31 @@ class Outputs:
                     d.rmdir()  # only if still empty
 
 
+RUN_LOCK = ".mrtf-run.lock"
+
+
+@contextlib.contextmanager
+def locked_dir(directory: Path) -> Iterator[None]:
+    """Hold ``flock`` on ``DIR/.mrtf-run.lock`` for the block: one process writes a run
+    directory at a time (a second ``--resume`` of a running run is refused at once). The lock
+    file stays: removing it would let a third process lock a new file while the second still
+    holds the old one."""
+    lock = directory / RUN_LOCK
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        raise OutputError(f"{directory}: cannot write here ({exc.strerror})") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OutputError(f"{directory}: another mrtf run is writing this run directory "
+                              "now; wait for it to end, or choose another --out") from None
+        yield
+    finally:
+        os.close(fd)
+
+
 def check_distinct(targets: Sequence[Path], inputs: Sequence[Path], force: bool) -> None:
     """No output is an input or another output; existing outputs need ``force``."""
     seen: dict[Path, Path] = {}

@@ -11,7 +11,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open
 
-from mrtf.errors import InputError
+from mrtf.errors import InputError, first_line
 from mrtf.io.limits import MAX_SIDECAR_BYTES, check_regular_file, check_zip_sizes
 from mrtf.io.weights import ST_DTYPES
 
@@ -82,6 +82,3 @@ def read_pt(p: Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
     return head, state
 
 
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:160] if text else type(exc).__name__

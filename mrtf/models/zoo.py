@@ -1,4 +1,4 @@
-"""The paper networks (MrTF Sect. 5; REFERENCE-NOTES.md), written in plain torch.
+"""The paper networks (MrTF Sect. 5; docs/reference-code.md), written in plain torch.
 
 Every model returns ``(features, logits)`` from :meth:`forward_features` in one pass; ``features``
 is the penultimate representation flattened to ``(B, D)`` and ``D`` is ``model.feature_dim``.
@@ -39,7 +39,7 @@ def norm_layer(kind: str, channels: int) -> nn.Module:
 
 def init_weights(module: nn.Module) -> None:
     """Conv: Kaiming-normal (fan_out) as in the reference. Linear: PyTorch's default, because the
-    reference's N(0, 0.01) stalls training (REFERENCE-NOTES.md, measured)."""
+    reference's N(0, 0.01) stalls training (docs/reference-code.md, measured)."""
     for m in module.modules():
         if isinstance(m, nn.Conv2d):
             nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
