@@ -46,9 +46,10 @@ class RefineConfig:
         std and the distillation settings, for every method (adaptive was chosen with
         'paper', its default).
     lr : None → variant default (paper 3e-4, reference 1e-3).
-    clr_min_round : skip CLR when the received models' round (``mrtf.round``, 0-based) is below
-        this: the paper skips the first 5 rounds, when θ_{t+1}'s features are not yet
-        discriminative (Sect. 4.3); 0 = always apply. Models without a round always get CLR.
+    clr_min_round : (mrtf only) skip CLR for models of the first ``clr_min_round`` rounds
+        (``BundleMeta.round`` < it; 0-based in memory, files count from 1): the paper skips
+        the first 5 rounds, when θ_{t+1}'s features are not yet discriminative (Sect. 4.3);
+        0 = always apply. Models without a round always get CLR.
     """
 
     method: str = "adaptive"

@@ -19,7 +19,7 @@ from torch import nn
 
 from mrtf.averaging import average_received
 from mrtf.device import pick_device
-from mrtf.errors import InputError
+from mrtf.errors import InputError, first_line
 from mrtf.refinery.adaptive import adaptive_targets, estimated_accuracy
 from mrtf.refinery.cluster import prototype_targets
 from mrtf.refinery.config import METHOD_SPECS, METHODS, REF_STD_BATCH, VARIANTS, RefineConfig
@@ -90,7 +90,7 @@ def check_fits(model: nn.Module, name: str, source, num_classes: int,
             logits = model.to(dev).eval()(x)
     except (RuntimeError, ValueError, IndexError, TypeError) as exc:
         raise InputError(f"target images of shape {tuple(source.sample_shape)} do not fit "
-                         f"model {name} ({str(exc).splitlines()[0][:100]})") from None
+                         f"model {name} ({first_line(exc, 100)})") from None
     if logits.dim() != 2 or logits.shape[1] != num_classes:
         raise InputError(f"{name} predicts {tuple(logits.shape[1:])} classes but the received "
                          f"models have {num_classes}")
@@ -328,8 +328,9 @@ def _notes(received, plan: _Plan, config: RefineConfig) -> tuple[list[str], bool
     rounds = [m.meta.round for m in received.models if m.meta.round is not None]
     skip_clr = config.method == "mrtf" and bool(rounds) and max(rounds) < config.clr_min_round
     if skip_clr:
-        notes.append(f"round {max(rounds)} < clr_min_round {config.clr_min_round}: "
-                     "clustered label refinery skipped")
+        # rounds are 0-based in memory and counted from 1 on screen and in files
+        notes.append(f"round {max(rounds) + 1} is within the first {config.clr_min_round} "
+                     "rounds (--clr-min-round): clustered label refinery skipped")
     return notes, skip_clr
 
 
