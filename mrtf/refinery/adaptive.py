@@ -64,15 +64,13 @@ class SourceTrust:
 class AdaptiveTargets:
     """targets (M, C) float32: the consensus posterior. sources: one SourceTrust per source.
     confidence: the models' consensus' mean max posterior (before the cluster view).
-    consensus: the final Consensus (None when no model was informative). accuracies: each
-    input source's estimated accuracy, in input order (None when it was left out)."""
+    consensus: the final Consensus (None when no model was informative)."""
 
     targets: np.ndarray
     sources: list[SourceTrust] = field(default_factory=list)
     confidence: float = 0.0
     cluster_weight: float = 0.0
     consensus: Consensus | None = None
-    accuracies: list[float | None] = field(default_factory=list)
 
 
 def input_independent(probs: np.ndarray, tol: float = 1e-6) -> bool:
@@ -113,8 +111,7 @@ def adaptive_targets(probs: np.ndarray, names: Sequence[str], self_probs: np.nda
     dead = [SourceTrust(names[i], 0.0, None, "left out: the same output for every sample "
                         "(no information)") for i in range(len(probs)) if i not in live]
     if not live:
-        return AdaptiveTargets(np.asarray(self_probs, np.float32), dead,
-                               accuracies=[None] * len(probs))
+        return AdaptiveTargets(np.asarray(self_probs, np.float32), dead)
     views = [probs[i] for i in live]
     nl = sum(i < num_local for i in live)
     init = np.mean(views[:nl] if nl else views, axis=0)  # the local models' AvgProb (Eq. 7)
@@ -137,11 +134,7 @@ def adaptive_targets(probs: np.ndarray, names: Sequence[str], self_probs: np.nda
               f"the averaged model's features count {lam:.2f}× a model")
     if features is not None:
         sources.append(SourceTrust("clusters", round(lam, 3), None, reason))
-    accs: list[float | None] = [None] * len(probs)
-    for j, i in enumerate(live):
-        accs[i] = sources[j].estimated_accuracy
-    return AdaptiveTargets(final.posterior.astype(np.float32), sources + dead, conf, lam, final,
-                           accs)
+    return AdaptiveTargets(final.posterior.astype(np.float32), sources + dead, conf, lam, final)
 
 
 def _consensus(views: list[np.ndarray], init: np.ndarray,

@@ -20,7 +20,7 @@ from torch import nn
 from mrtf.averaging import average_received
 from mrtf.device import pick_device
 from mrtf.errors import InputError, first_line
-from mrtf.refinery.adaptive import adaptive_targets, estimated_accuracy
+from mrtf.refinery.adaptive import adaptive_targets, estimated_accuracy, input_independent
 from mrtf.refinery.cluster import prototype_targets
 from mrtf.refinery.config import METHOD_SPECS, METHODS, REF_STD_BATCH, VARIANTS, RefineConfig
 from mrtf.refinery.distill import distill
@@ -255,6 +255,7 @@ def refine(received, source, config: RefineConfig | None = None,
     else:
         before = predict_probs(self_model, source, config.inference_batch, dev)
     timings["teachers"] = time.perf_counter() - t0
+    student_model = _live_start(plan, before, config, notes, student is not None)
     extra: dict[str, Any] = {}
     if out is None:  # fedavg: θ_{t+1} as it is
         model, targets = self_model.eval(), before
@@ -262,10 +263,8 @@ def refine(received, source, config: RefineConfig | None = None,
         targets, extra = _targets(plan, out.logits, out.features, config, u, skip_clr, before)
         timings["clr"] = extra.pop("clr")
         out.logits = out.features = None  # free (K, M, C) before distilling
-        start = plan.student if student is not None or "adaptive" not in extra else \
-            _trusted_start(plan, teachers, extra["adaptive"].accuracies, notes)
         t0 = time.perf_counter()
-        model = distill(start, source, targets, config.steps, config.batch_size,
+        model = distill(student_model, source, targets, config.steps, config.batch_size,
                         config.lr, config.seed, dev, config.variant, config.progress)
         timings["distill"] = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -289,30 +288,17 @@ def _check_finite(logits: np.ndarray) -> None:
                          "float32); rescale the data or check the models")
 
 
-#: the adaptive method distils from θ_{t+1} unless another source is rated this much better
-START_MARGIN = 0.1
-
-
-def _trusted_start(plan: _Plan, teachers: list[nn.Module], accuracies: list[float | None],
-                   notes: list[str]) -> nn.Module:
-    """Where the adaptive method's distillation starts: θ_{t+1}, unless the consensus rates
-    another received model (of the same architecture) ``START_MARGIN`` more accurate, or
-    θ_{t+1} is dead (left out: zero gradients through its ReLUs, it cannot be distilled back
-    to life). One party with weights × 100 poisons the parameter average; its labels then
-    start from a party's model instead (bench/poison.py)."""
-    if plan.agg is None or teachers[-1] is not plan.agg:
+def _live_start(plan: _Plan, before: np.ndarray, config: RefineConfig, notes: list[str],
+                student_given: bool) -> nn.Module:
+    """The model distillation starts from. A dead θ_{t+1} (the same output for every sample)
+    has zero gradients through its ReLUs and cannot be distilled back to life; the adaptive
+    method then starts from θ_t when it has one (a student the caller gave is kept)."""
+    if config.method != "adaptive" or student_given or plan.start is None \
+            or not input_independent(before):
         return plan.student
-    own = accuracies[-1]
-    rated = [(a, i) for i, a in enumerate(accuracies[:-1]) if a is not None]
-    if not rated:
-        return plan.student
-    best, i = max(rated)
-    if own is not None and best < own + START_MARGIN:
-        return plan.student
-    why = "is dead" if own is None else f"is rated {own:.3f}"
-    notes.append(f"θ_{{t+1}} {why}: distillation starts from {plan.names[i]} (rated "
-                 f"{best:.3f} by the consensus)")
-    return copy.deepcopy(teachers[i])
+    notes.append("θ_{t+1} gives the same output for every sample (dead network): "
+                 "distillation starts from θ_t")
+    return copy.deepcopy(plan.start)
 
 
 def _notes(received, plan: _Plan, config: RefineConfig) -> tuple[list[str], bool]:
