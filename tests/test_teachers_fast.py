@@ -72,7 +72,7 @@ def test_pool_before_relu_is_bit_exact(teachers, digits):
     x = torch.from_numpy(digits[0][:64])
     swapped = pool_before_relu(teachers[0])
     kinds = [type(m).__name__ for m in swapped.body]
-    assert kinds[:3] == ["Conv2d", "MaxPool2d", "ReLU"]
+    assert kinds[:3] == ["Conv2d", "Pool2x2", "ReLU"]
     with torch.inference_mode():
         assert torch.equal(swapped(x), teachers[0](x))
 
@@ -100,3 +100,14 @@ def test_bf16_agreement(digits, teachers):
     assert agree > 0.97, agree
     with pytest.raises(ValueError):
         teacher_logits(teachers[:1], src, 500, "cpu", precision="fp8")
+
+
+@pytest.mark.parametrize("hw", [(24, 24), (13, 9)])
+def test_pool2x2_bit_exact(hw):
+    from mrtf.refinery.fastpath import Pool2x2
+
+    x = torch.randn(3, 5, *hw)
+    want = nn.functional.max_pool2d(x, 2)
+    assert torch.equal(Pool2x2()(x), want)  # NCHW: falls back
+    got = Pool2x2()(x.contiguous(memory_format=torch.channels_last))
+    assert torch.equal(got, want) and got.is_contiguous(memory_format=torch.channels_last)

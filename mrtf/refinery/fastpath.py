@@ -1,30 +1,36 @@
 """Fast exact CPU teacher inference for zoo LeNet / ConvNet / MLPNet groups.
 
-Measured on this repository's 2-core AMD EPYC (Zen 5, AVX-512) with K=10 random LeNets on
-1,024 28×28 images, 1 thread, best of 5, same process, load average 3-5 (other jobs beside):
-the plain loop at batch 1,024 costs ~120-134 µs per model-sample, the channels-last loop at
-1,024 (yesterday's 'auto') ~85 µs, and this path ~23-25 µs (5-5.8× the loop, ~3.5× 'auto').
+Measured with ``bench/refine_speed.py --compare`` (interleaved, best of 5, 1 thread, same
+process) on this repository's 2-core AMD EPYC (Zen 5, AVX-512), K=10 random LeNets on 1,024
+28×28 images, load average 5.4 (other jobs beside): the plain loop at batch 1,024 reached
+13 GFLOP/s, the channels-last loop at 1,024 (the old 'auto') 1.7× that, this path 5.6× (75
+GFLOP/s = 41 % of the 182 GFLOP/s a big 3×3 conv reached in the same run), bf16 7.0×.
 
 Where the time goes, and what this path does about it:
 
 * **Cache-sized micro-batches** (the biggest win, ~3×). LeNet's first conv map is
   16×24×24 floats = 36 KiB per sample; at batch 1,024 it is 38 MB and every ReLU / max-pool
   pass streams it from DRAM. Micro-batches whose largest activation is ≤ 4 MiB (64 samples
-  for LeNet) keep it in L2/L3. The source is still read in the caller's chunks.
-* **Channels-last** for 4-D inputs: oneDNN's conv and max-pool run NHWC without reorders.
+  for LeNet) keep it in L2/L3 (2 and 8 MiB were within 5 %, 1 and 16 MiB 1.5× slower).
+* **Channels-last** for 4-D inputs: oneDNN's conv runs NHWC without reorders.
+* **2×2 max-pool as two ``torch.maximum``** of NHWC views (:class:`Pool2x2`, bit-identical):
+  oneDNN's pool was 29 % of the time, this one is 3.3× faster (1.2× end to end).
 * **Max-pool before ReLU**: ``maxpool(relu(a)) == relu(maxpool(a))`` exactly (ReLU is monotone
-  non-decreasing), and the ReLU then touches a 4× smaller map (~5 % end to end).
+  non-decreasing), and the ReLU then touches a 4× smaller map.
 
 Tried and left out (same bench): one grouped convolution of all K teachers (``groups=K``,
 weights concatenated) was 0.9× the loop (oneDNN's grouped kernels are slow at 16 channels per
 group); an im2col GEMM of all K first convs was no faster than K oneDNN convs; the vmap stack
-is 0.36×; ``torch.jit.freeze`` gave ≤ 5 % and ``torch.jit.trace`` is deprecated in torch 2.13;
-``torch.compile`` (inductor, gcc) compiled in ~20 s for K=10 and ran 0.9× this path. The
-remaining bottleneck is the first conv (1 input channel, 5×5: a GEMM with inner dimension 25,
-~40 GFLOP/s where conv2 reaches ~110), see bench/refine_speed.py.
+was 0.36× the old 'auto' in issue 14's measurement; ``torch.jit.freeze`` gave ≤ 5 % and
+``torch.jit.trace`` is deprecated in torch 2.13; ``torch.compile`` (inductor, gcc) compiled in
+~20 s for K=10 and ran 0.9× this path (before Pool2x2). The remaining bottleneck (78 % of
+the profile) is oneDNN's conv, above all the first one (1 input channel, 5×5: a GEMM with inner
+dimension 25 reaching ~25 GFLOP/s where conv2 reaches ~90 and a big conv ~180); an im2col +
+addmm first conv sharing the unfold across the K teachers was within noise of it.
 
-``precision='bf16'`` (off by default) runs the copies in bfloat16: argmax agreement with fp32
-was 99.7 % on random LeNets (max |Δlogit| 1e-3) and it was not faster on this CPU.
+``precision='bf16'`` (off by default) runs the copies in bfloat16 (AVX-512 BF16 on this CPU):
+argmax agreement with the fp32 loop 99.7 % on random LeNets (max |Δlogit| 1e-3) and 99.7 %
+on digits-trained ones; 1.0-1.25× the fp32 fast path, depending on the run.
 """
 
 from __future__ import annotations
@@ -48,8 +54,31 @@ def eligible(model: nn.Module) -> bool:
     return type(model) in FAST_ARCHS
 
 
+class Pool2x2(nn.Module):
+    """``MaxPool2d(2)`` as two ``torch.maximum`` of strided NHWC views: bit-identical (max is
+    exact), ~3.3x faster than oneDNN's channels-last max-pool on a 64×16×24×24 map (79 vs
+    259 µs, 1 thread), which computes indices even in inference mode and was 29 % of the fast
+    path's time in a profile. Other layouts go to ``F.max_pool2d``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 4 or not x.is_contiguous(memory_format=torch.channels_last):
+            return nn.functional.max_pool2d(x, 2)
+        b, c, h, w = x.shape
+        t = x.permute(0, 2, 3, 1)[:, : h // 2 * 2, : w // 2 * 2]
+        t = t.contiguous().reshape(b, h // 2 * 2, w // 2, 2 * c)
+        t = torch.maximum(t[..., :c], t[..., c:]).reshape(b, h // 2, 2, w // 2, c)
+        return torch.maximum(t[:, :, 0], t[:, :, 1]).permute(0, 3, 1, 2)
+
+
+def _is_pool2(m: nn.Module) -> bool:
+    return isinstance(m, nn.MaxPool2d) and m.kernel_size in (2, (2, 2)) and \
+        m.stride in (2, (2, 2), None) and m.padding in (0, (0, 0)) and \
+        m.dilation in (1, (1, 1)) and not m.ceil_mode and not m.return_indices
+
+
 def pool_before_relu(model: nn.Module) -> nn.Module:
-    """A copy where each ``ReLU, MaxPool2d`` pair inside an ``nn.Sequential`` is swapped.
+    """A copy where each ``ReLU, MaxPool2d`` pair inside an ``nn.Sequential`` is swapped, and
+    each 2×2 max-pool is a :class:`Pool2x2`.
 
     Exact (bit for bit): ReLU is monotone non-decreasing, so it commutes with max; the ReLU
     then runs on the 4× smaller pooled map.
@@ -58,9 +87,10 @@ def pool_before_relu(model: nn.Module) -> nn.Module:
     for seq in out.modules():
         if not isinstance(seq, nn.Sequential):
             continue
-        layers = list(seq)
+        layers = [Pool2x2() if _is_pool2(m) else m for m in seq]
         for i in range(len(layers) - 1):
-            if isinstance(layers[i], nn.ReLU) and isinstance(layers[i + 1], nn.MaxPool2d):
+            if isinstance(layers[i], nn.ReLU) and isinstance(layers[i + 1], (nn.MaxPool2d,
+                                                                              Pool2x2)):
                 layers[i], layers[i + 1] = layers[i + 1], layers[i]
         for i, layer in enumerate(layers):
             seq[i] = layer
