@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
+
 import numpy as np
 
 VARIANTS = ("paper", "reference")
@@ -120,6 +122,15 @@ def _cosines(fn: np.ndarray, protos_n: np.ndarray, index) -> np.ndarray:
     return cos
 
 
+def _one_blas_thread() -> AbstractContextManager:
+    """CLR's GEMMs are thin (8,192 × 256 by ≤ 256 columns per chunk): on this loaded 2-core
+    machine OpenBLAS's 2-thread pool made prototype_targets at 100k × 256 take 4.7 s on the
+    first call and 0.64 s on the next, against 0.15 s with 1 thread (same data, load ~6)."""
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(1, user_api="blas")
+
+
 def _has_gpu(use_gpu: bool) -> bool:
     if not use_gpu:
         return False
@@ -137,9 +148,16 @@ def prototype_targets(targets: np.ndarray, features: np.ndarray, tau: float = 4.
 
     'paper': softmax(-τ(1 - cos)) on raw features' prototypes; 'reference': prototypes of
     L2-normalised features and softmax(-4 · (2 - 2cos)). The C prototypes are searched
-    exhaustively by one GEMM per chunk (:func:`_cosines`); a GPU faiss flat index when
-    ``use_gpu`` and faiss-gpu is present. At M = 1M × 256 this takes a few seconds (bench/scale.py).
+    exhaustively by one GEMM per chunk (:func:`_cosines`), on one BLAS thread
+    (:func:`_one_blas_thread`); a GPU faiss flat index when ``use_gpu`` and faiss-gpu is present.
+    At M = 1M × 256 this took 6.7 s against 10.3 s before (same run, load ~5; bench/scale.py).
     """
+    with _one_blas_thread():
+        return _prototype_targets(targets, features, tau, iterations, variant, chunk, use_gpu)
+
+
+def _prototype_targets(targets: np.ndarray, features: np.ndarray, tau: float, iterations: int,
+                       variant: str, chunk: int, use_gpu: bool) -> np.ndarray:
     a, b = _scale(tau, variant)
     f = _feature_basis(features, variant, np.float32)  # float32: one (M, D) copy at most
     m, c = targets.shape
@@ -213,7 +231,8 @@ def kmeans_view(features: np.ndarray, n_clusters: int, seed: int = 0, iterations
                       verbose=False, min_points_per_centroid=1,
                       max_points_per_centroid=max_points_per_centroid)
     km.train(f)
-    assign = nearest(f, km.centroids)
+    with _one_blas_thread():
+        assign = nearest(f, km.centroids)
     view = np.zeros((len(f), n), dtype=np.float32)
     view[np.arange(len(f)), assign] = 1.0
     return view
