@@ -107,10 +107,11 @@ def plot(rows: list[dict], out: Path) -> None:
     for k, style in zip(sorted({r["K"] for r in rows}), ("-o", "--s", ":^")):
         cells = [r for r in rows if r["K"] == k]
         ms = [r["M"] for r in cells]
-        for name in STAGES:
-            ax_t.plot(ms, [r["stages"][name]["s"] for r in cells], style, label=f"{name} K={k}")
+        for i, name in enumerate(STAGES):  # colour = stage, line style = K
+            ax_t.plot(ms, [r["stages"][name]["s"] for r in cells], style, color=f"C{i}",
+                      label=f"{name} K={k}")
         ax_m.plot(ms, [max(v["peak_rss_mb"] for v in r["stages"].values()) for r in cells],
-                  style, label=f"K={k}")
+                  style, color="k", label=f"K={k}")
     for ax, ylabel in ((ax_t, "wall time per stage (s)"), (ax_m, "peak RSS (MB)")):
         ax.set(xscale="log", yscale="log", xlabel="target-set size M", ylabel=ylabel)
         ax.grid(True, which="both", alpha=0.3)
