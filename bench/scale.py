@@ -64,7 +64,7 @@ def run_cell(h5: Path, k: int, steps: int, threads: int) -> dict:
     models = [build_model("lenet", 10).eval() for _ in range(k)]
     src = H5Dataset(h5)
     row: dict = {"M": len(src), "K": k, "threads": threads, "distill_steps": steps,
-                 "rss_start_mb": _peak_mb(), "stages": {}}
+                 "commit": _commit(), "rss_start_mb": _peak_mb(), "stages": {}}
 
     def stage(name: str, fn):
         t0 = time.perf_counter()
@@ -85,6 +85,15 @@ def run_cell(h5: Path, k: int, steps: int, threads: int) -> dict:
     row["teacher_model_samples_per_s"] = k * row["M"] / row["stages"]["teachers"]["s"]
     row["total_s"] = sum(v["s"] for v in row["stages"].values())
     return row
+
+
+def _commit() -> str:
+    """The code a cached cell was measured with (cells of a resumed grid may differ)."""
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"],
+                                       cwd=Path(__file__).parent, text=True).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def cell_path(root: Path, m: int, k: int) -> Path:
