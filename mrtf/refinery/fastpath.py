@@ -1,10 +1,11 @@
 """Fast exact CPU teacher inference for zoo LeNet / ConvNet / MLPNet groups.
 
-Measured with ``bench/refine_speed.py --compare`` (interleaved, best of 5, 1 thread, same
-process) on this repository's 2-core AMD EPYC (Zen 5, AVX-512), K=10 random LeNets on 1,024
-28×28 images, load average 5.4 (other jobs beside): the plain loop at batch 1,024 reached
-13 GFLOP/s, the channels-last loop at 1,024 (the old 'auto') 1.7× that, this path 5.6× (75
-GFLOP/s = 41 % of the 182 GFLOP/s a big 3×3 conv reached in the same run), bf16 7.0×.
+Measured with ``bench/refine_speed.py --compare`` (interleaved, best of 3-5, 1 thread, same
+process) on this repository's 2-core AMD EPYC (Zen 5, AVX-512), random 28×28 LeNets, other
+jobs beside (load average in brackets). Against the plain loop at batch 1,024: K=10 5.6× (5.4)
+and 6.0× (1.7); K=50 5.4× (5.8) and 4.4× (1.8); the channels-last loop at 1,024 (the old
+'auto') is 1.6-1.8×. The path reaches ~65-80 GFLOP/s, 37-52 % of what a big 3×3 conv reached
+in the same run (123-215 GFLOP/s); bf16 4.9-7.3× the loop.
 
 Where the time goes, and what this path does about it:
 

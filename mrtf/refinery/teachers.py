@@ -84,8 +84,8 @@ def _looped_forward(models: Sequence[nn.Module], channels_last: bool = False
 
 def resolve_stack(stack: str | bool, device: torch.device) -> str:
     """'auto' → 'vmap' on CUDA (one launch per layer for K teachers), 'fast' on CPU (fastpath.py,
-    exact: 5.4-5.6x the plain loop for K = 10 and 50 LeNets, where a channels-last loop at
-    batch 1,024 is 1.7x, bench/refine_speed.py --compare; vmap was 0.36x that loop in issue
+    exact: 4.4-6.0x the plain loop for K = 10 and 50 LeNets, where a channels-last loop at
+    batch 1,024 is 1.6-1.8x, bench/refine_speed.py --compare; vmap was 0.36x that loop in issue
     14's measurement). True → 'vmap', False → 'loop'."""
     if stack is True or stack is False:
         return "vmap" if stack else "loop"
