@@ -220,7 +220,7 @@ def kmeans_view(features: np.ndarray, n_clusters: int, seed: int = 0, iterations
     from the data how well these clusters follow the classes. ``n_clusters`` is capped at M.
     Training uses at most ``max_points_per_centroid`` · n rows, drawn by faiss with ``seed``
     (5,120 of 1M rows for 20 clusters); every row is then assigned by :func:`nearest`. At
-    1M × 256 the whole view took ~3 s (normalise ~0.8, train ~0.6-0.9, assign; load ~4.5).
+    1M × 256 the view took 2.9-5.6 s (8.7 s before; load ~5; bench/scale.py).
     Deterministic given ``seed`` (and the thread count).
     """
     import faiss
