@@ -4,12 +4,19 @@ K random-init LeNet teachers (1×28×28) on M synthetic uint8 images in an HDF5 
 Each (K, M, implementation) runs in its own subprocess so peak RSS (ru_maxrss) is clean.
 
     python bench/refine_speed.py --K 10 50 --M 10000 100000 --steps 50
+    python bench/refine_speed.py --compare --K 50 --threads 1   # in-process ratios + % of peak
+
+``--compare`` times the teacher paths interleaved in one process (best of N, so a loaded
+machine hurts all of them alike), counts the conv/linear FLOPs per sample, measures this
+machine's fp32 rate with one big ``torch.mm`` and one big conv, and reports the fraction of it
+that each path reaches, plus bf16's argmax agreement with the fp32 loop.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -86,6 +93,92 @@ def worker(args) -> dict:
     return res
 
 
+def flops_per_sample(model, probe) -> int:
+    """Multiply-adds × 2 of every Conv2d and Linear on one sample (forward hooks): LeNet at
+    28×28 is 2 × (230,400 + 409,600 + 30,720 + 10,080 + 840) = 1,363,280 FLOP."""
+    import torch
+    from torch import nn
+
+    total = [0]
+
+    def conv(m, _i, o):
+        total[0] += 2 * o[0].numel() * (m.in_channels // m.groups) * m.kernel_size[0] * \
+            m.kernel_size[1]
+
+    def lin(m, _i, o):
+        total[0] += 2 * m.in_features * m.out_features
+
+    hooks = [m.register_forward_hook(conv if isinstance(m, nn.Conv2d) else lin)
+             for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    with torch.inference_mode():
+        model(probe[:1])
+    for h in hooks:
+        h.remove()
+    return total[0]
+
+
+def _peak_kernels():
+    """name → (callable, FLOP): one big GEMM (2,048² × 2,048) and one big conv (32×64×56×56,
+    3×3, 64 channels, channels-last), the machine's practical fp32 peak at this thread count."""
+    import torch
+    import torch.nn.functional as F
+
+    a, b = torch.rand(2048, 2048), torch.rand(2048, 2048)
+    x = torch.rand(32, 64, 56, 56).contiguous(memory_format=torch.channels_last)
+    w = torch.rand(64, 64, 3, 3).contiguous(memory_format=torch.channels_last)
+    return {"mm": (lambda: torch.mm(a, b), 2 * 2048**3),
+            "conv": (lambda: F.conv2d(x, w, padding=1), 2 * 32 * 64 * 56 * 56 * 64 * 9)}
+
+
+def _paths(models, x):
+    """name → callable(x) giving (K, B, C) logits, for the in-process comparison."""
+    import torch
+
+    from mrtf.refinery.fastpath import fast_forward
+    from mrtf.refinery.teachers import _looped_forward
+
+    def chunked(fwd, rows):
+        return lambda: torch.cat([fwd(x[s:s + rows]) for s in range(0, len(x), rows)], 1)
+
+    return {"loop@1024": chunked(_looped_forward(models), 1024),
+            "nhwc@1024 (old auto)": chunked(_looped_forward(models, True), 1024),
+            "fast (new auto)": chunked(fast_forward(models, x[:8]), 1024),
+            "fast bf16": chunked(fast_forward(models, x[:8], "bf16"), 1024)}
+
+
+def compare(k: int, n: int, threads: int, repeats: int) -> dict:
+    """Interleaved best-of-``repeats`` timings of the teacher paths in this process."""
+    import torch
+
+    from mrtf.models import build_model
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    models = [build_model("lenet", 10).eval() for _ in range(k)]
+    x = torch.rand(n, 1, 28, 28)
+    flop = flops_per_sample(models[0], x)
+    paths, peak, best, out = _paths(models, x), _peak_kernels(), {}, {}
+    timed = {**paths, **{k: f for k, (f, _) in peak.items()}}
+    with torch.inference_mode():
+        for _ in range(repeats):  # interleaved: the load hits every path alike
+            for name, fn in timed.items():
+                t0 = time.perf_counter()
+                out[name] = fn()
+                best[name] = min(best.get(name, float("inf")), time.perf_counter() - t0)
+    rates = {f"{k}_gflops": f / best[k] / 1e9 for k, (_, f) in peak.items()}
+    top, ref = max(rates.values()), out["loop@1024"]
+    rows = {}
+    for name in paths:
+        t, gflops = best[name], k * n * flop / best[name] / 1e9
+        agree = (out[name].argmax(-1) == ref.argmax(-1)).float().mean()
+        rows[name] = {"s": t, "speedup_vs_loop": best["loop@1024"] / t, "gflops": gflops,
+                      "fraction_of_peak": gflops / top,
+                      "max_abs_diff": float((out[name] - ref).abs().max()),
+                      "argmax_agreement": float(agree)}
+    return {"K": k, "N": n, "threads": threads, "repeats": repeats, "flop_per_sample": flop,
+            "peak": rates, "load": os.getloadavg(), "paths": rows}
+
+
 def make_h5(path: Path, m: int) -> None:
     from mrtf.io.hdf5 import write_dataset
 
@@ -103,6 +196,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--out", default="runs/refine_speed.json")
+    ap.add_argument("--compare", action="store_true",
+                    help="in-process interleaved teacher-path ratios and fraction of peak")
+    ap.add_argument("--n", type=int, default=2048, help="images for --compare")
+    ap.add_argument("--repeats", type=int, default=3, help="best of N for --compare")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--k", type=int)
     ap.add_argument("--impl")
@@ -115,6 +212,9 @@ def main() -> None:
         return
     if args.worker:
         print(json.dumps(worker(args)))
+        return
+    if args.compare:
+        _compare_main(args)
         return
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -133,6 +233,22 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(rows, indent=2))
     print(f"saved {args.out}")
+
+
+def _compare_main(args) -> None:
+    res = [compare(k, args.n, args.threads, args.repeats) for k in args.K]
+    for r in res:
+        print(f"K={r['K']} N={r['N']} threads={r['threads']} best of {r['repeats']}, "
+              f"load {r['load'][0]:.1f}; {r['flop_per_sample']:,} FLOP/sample; peak mm "
+              f"{r['peak']['mm_gflops']:.0f} / conv {r['peak']['conv_gflops']:.0f} GFLOP/s")
+        for name, p in r["paths"].items():
+            print(f"  {name:22s} {p['s']:7.3f}s  x{p['speedup_vs_loop']:5.2f} vs loop  "
+                  f"{p['gflops']:6.1f} GFLOP/s = {100 * p['fraction_of_peak']:4.1f}% of peak  "
+                  f"max|d| {p['max_abs_diff']:.1e}  argmax {100 * p['argmax_agreement']:.2f}%")
+    out = Path(args.out).with_name("teacher_compare.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2))
+    print(f"saved {out}")
 
 
 def _fmt(r: dict) -> str:

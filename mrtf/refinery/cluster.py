@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
+
 import numpy as np
 
 VARIANTS = ("paper", "reference")
@@ -68,25 +70,94 @@ def prototype_targets_dense(targets: np.ndarray, features: np.ndarray, tau: floa
     return q
 
 
-def _faiss_index(dim: int, use_gpu: bool):
+FLAT_MAX_ROWS = 200_000  # 'auto' index: exact flat search up to here, IVF above
+INDEX_KINDS = ("auto", "flat", "ivf")
+
+
+def faiss_index(database: np.ndarray, kind: str = "auto", seed: int = 0, use_gpu: bool = False,
+                nprobe: int | None = None):
+    """An inner-product faiss index holding ``database`` (N, D) float32.
+
+    'auto' is a flat (exact) index up to ``FLAT_MAX_ROWS`` rows and an IVF index above: a
+    flat search of M queries costs M·N·D, which is what makes N ≥ 200k slow; IVF with
+    ``nlist = 4·√N`` lists searches ``nprobe`` of them (default nlist / 8). The IVF quantizer is
+    trained on at most 256 rows per list drawn with ``seed``, so the index is deterministic given
+    the seed. With ``nprobe = nlist`` IVF is exact. GPU faiss when ``use_gpu`` and present.
+    """
     import faiss
 
-    index = faiss.IndexFlatIP(dim)
+    if kind not in INDEX_KINDS:
+        raise ValueError(f"index kind must be one of {INDEX_KINDS}, got {kind!r}")
+    n, dim = database.shape
+    x = np.ascontiguousarray(database, dtype=np.float32)
+    if kind == "flat" or (kind == "auto" and n <= FLAT_MAX_ROWS):
+        index = faiss.IndexFlatIP(dim)
+    else:
+        nlist = max(1, min(n, int(4 * np.sqrt(n))))
+        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, nlist,
+                                   faiss.METRIC_INNER_PRODUCT)
+        index.cp.seed = seed
+        rows = np.random.default_rng(seed).permutation(n)[: 256 * nlist]
+        index.train(x[np.sort(rows)])
+        index.nprobe = nprobe or max(1, nlist // 8)
     if use_gpu and hasattr(faiss, "StandardGpuResources"):
         index = faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, index)
+    index.add(x)
     return index
+
+
+def _cosines(fn: np.ndarray, protos_n: np.ndarray, index) -> np.ndarray:
+    """(B, P) cosines of normalised rows with all P normalised prototypes, float64.
+
+    With no (GPU) index, one float32 GEMM: searching all of a tiny flat index gives the same
+    numbers plus a top-k sort, and faiss's OpenMP fork per chunk was ~30x slower than 1 thread
+    on this loaded 2-core machine (100 ms vs 3 ms per 8,192 × 256 chunk against 10 prototypes,
+    load 4.9), which made the search most of CLR's time at M = 1M.
+    """
+    if index is None:
+        return (fn @ protos_n.T).astype(np.float64)
+    sims, idx = index.search(np.ascontiguousarray(fn), len(protos_n))
+    cos = np.zeros(sims.shape, dtype=np.float64)
+    np.put_along_axis(cos, idx, sims.astype(np.float64), axis=1)
+    return cos
+
+
+def _one_blas_thread() -> AbstractContextManager:
+    """CLR's GEMMs are thin (8,192 × 256 by ≤ 256 columns per chunk): on this loaded 2-core
+    machine OpenBLAS's 2-thread pool made prototype_targets at 100k × 256 take 4.7 s on the
+    first call and 0.64 s on the next, against 0.15 s with 1 thread (same data, load ~6)."""
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(1, user_api="blas")
+
+
+def _has_gpu(use_gpu: bool) -> bool:
+    if not use_gpu:
+        return False
+    import faiss
+
+    return hasattr(faiss, "StandardGpuResources")
 
 
 def prototype_targets(targets: np.ndarray, features: np.ndarray, tau: float = 4.0,
                       iterations: int = 1, variant: str = "paper", chunk: int = 8192,
                       use_gpu: bool = False) -> np.ndarray:
-    """Eq. 11-12 with faiss: IndexFlatIP over the L2-normalised prototypes of the classes that
-    have mass; every sample's L2-normalised feature searches all of them (cosines), in chunks of
-    ``chunk`` rows. targets (M, C), features (M, D) → (M, C) float32; excluded classes get 0.
+    """Eq. 11-12: cosines of every sample's L2-normalised feature with the L2-normalised
+    prototypes of the classes that have mass, in chunks of ``chunk`` rows. targets (M, C),
+    features (M, D) → (M, C) float32; excluded classes get 0.
 
     'paper': softmax(-τ(1 - cos)) on raw features' prototypes; 'reference': prototypes of
-    L2-normalised features and softmax(-4 · (2 - 2cos)). GPU faiss when ``use_gpu`` and present.
+    L2-normalised features and softmax(-4 · (2 - 2cos)). The C prototypes are searched
+    exhaustively by one GEMM per chunk (:func:`_cosines`), on one BLAS thread
+    (:func:`_one_blas_thread`); a GPU faiss flat index when ``use_gpu`` and faiss-gpu is present.
+    At M = 1M × 256 this took 6.7 s against 10.3 s before (same run, load ~5; bench/scale.py).
     """
+    with _one_blas_thread():
+        return _prototype_targets(targets, features, tau, iterations, variant, chunk, use_gpu)
+
+
+def _prototype_targets(targets: np.ndarray, features: np.ndarray, tau: float, iterations: int,
+                       variant: str, chunk: int, use_gpu: bool) -> np.ndarray:
     a, b = _scale(tau, variant)
     f = _feature_basis(features, variant, np.float32)  # float32: one (M, D) copy at most
     m, c = targets.shape
@@ -94,8 +165,8 @@ def prototype_targets(targets: np.ndarray, features: np.ndarray, tau: float = 4.
     for _ in range(iterations):
         protos, mass = prototypes(q, f)
         keep = np.flatnonzero(mass > _MASS_EPS)
-        index = _faiss_index(f.shape[1], use_gpu)
-        index.add(np.ascontiguousarray(_normalise(protos[keep]).astype(np.float32)))
+        protos_n = np.ascontiguousarray(_normalise(protos[keep]).astype(np.float32))
+        index = faiss_index(protos_n, "flat", use_gpu=True) if _has_gpu(use_gpu) else None
         out = np.empty((m, c), dtype=np.float32)
         ok = np.zeros(c, dtype=bool)
         ok[keep] = True
@@ -103,30 +174,65 @@ def prototype_targets(targets: np.ndarray, features: np.ndarray, tau: float = 4.
             # normalised a chunk at a time: no second (M, D) array
             fn = f[s:s + chunk] if variant == "reference" else \
                 _normalise(f[s:s + chunk]).astype(np.float32, copy=False)
-            sims, idx = index.search(np.ascontiguousarray(fn), len(keep))
-            cos = np.zeros((len(sims), c), dtype=np.float64)
-            np.put_along_axis(cos, keep[idx], sims.astype(np.float64), axis=1)
+            cos = np.zeros((len(fn), c), dtype=np.float64)
+            cos[:, keep] = _cosines(fn, protos_n, index)
             out[s:s + chunk] = _softmax_masked(a * cos + b, ok)
         q = out
     return q
 
 
-def kmeans_view(features: np.ndarray, n_clusters: int, seed: int = 0, iterations: int = 25
-                ) -> np.ndarray:
+GEMM_MAX_ROWS = 4096  # nearest(): a plain GEMM + argmax against databases this small
+
+
+def normalised_f32(features: np.ndarray, chunk: int = 65_536) -> np.ndarray:
+    """L2-normalised rows as one new float32 array, normalised a chunk at a time (one (M, D)
+    copy instead of three: 1 GB instead of 3 GB at 1M × 256)."""
+    out = np.empty(features.shape, dtype=np.float32)
+    for s in range(0, len(features), chunk):
+        out[s:s + chunk] = _normalise(features[s:s + chunk].astype(np.float32, copy=False))
+    return out
+
+
+def nearest(queries: np.ndarray, database: np.ndarray, kind: str = "auto", seed: int = 0,
+            chunk: int = 8192, nprobe: int | None = None) -> np.ndarray:
+    """Index (M,) int64 of the largest inner product in ``database`` for every query row.
+
+    'auto': a float32 GEMM + argmax per chunk up to ``GEMM_MAX_ROWS`` database rows (k-means
+    centroids, prototypes: faiss's OpenMP fork per search cost ~30x on this loaded 2-core
+    machine, see :func:`_cosines`), else :func:`faiss_index` (flat ≤ 200k rows, IVF above).
+    'flat' / 'ivf' force that faiss index (tests, benchmarks).
+    """
+    db = np.ascontiguousarray(database, dtype=np.float32)
+    out = np.empty(len(queries), dtype=np.int64)
+    index = None if kind == "auto" and len(db) <= GEMM_MAX_ROWS else \
+        faiss_index(db, kind, seed, nprobe=nprobe)
+    for s in range(0, len(queries), chunk):
+        q = np.ascontiguousarray(queries[s:s + chunk], dtype=np.float32)
+        out[s:s + chunk] = (q @ db.T).argmax(1) if index is None else index.search(q, 1)[1][:, 0]
+    return out
+
+
+def kmeans_view(features: np.ndarray, n_clusters: int, seed: int = 0, iterations: int = 25,
+                max_points_per_centroid: int = 256) -> np.ndarray:
     """One-hot spherical k-means assignments (M, n) of L2-normalised ``features`` (faiss).
 
     A view of the target set that no received model chose: the consensus (consensus.py) learns
     from the data how well these clusters follow the classes. ``n_clusters`` is capped at M.
+    Training uses at most ``max_points_per_centroid`` · n rows, drawn by faiss with ``seed``
+    (5,120 of 1M rows for 20 clusters); every row is then assigned by :func:`nearest`. At
+    1M × 256 the view took 2.9-5.6 s (8.7 s before; load ~5; bench/scale.py).
     Deterministic given ``seed`` (and the thread count).
     """
     import faiss
 
-    f = np.ascontiguousarray(_normalise(features.astype(np.float32)), dtype=np.float32)
+    f = normalised_f32(features)
     n = max(1, min(n_clusters, len(f)))
     km = faiss.Kmeans(f.shape[1], n, niter=iterations, seed=seed, spherical=True,
-                      verbose=False, min_points_per_centroid=1)
+                      verbose=False, min_points_per_centroid=1,
+                      max_points_per_centroid=max_points_per_centroid)
     km.train(f)
-    _, assign = km.index.search(f, 1)
+    with _one_blas_thread():
+        assign = nearest(f, km.centroids)
     view = np.zeros((len(f), n), dtype=np.float32)
-    view[np.arange(len(f)), assign[:, 0]] = 1.0
+    view[np.arange(len(f)), assign] = 1.0
     return view

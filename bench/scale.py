@@ -1,0 +1,173 @@
+"""Refinery stages at scale: wall time per stage and peak RSS vs the target-set size M.
+
+The target set is mnist5k tiled to M rows, uint8 in HDF5 (streamed, as a pilot party's would
+be); the K teachers are seeded random-init LeNets (the cost does not depend on the weights).
+Every (M, K) cell runs in its own subprocess (clean ru_maxrss) and is cached as one JSON file
+under ``--dir``: a cell that finished is never re-run, so a long grid (1M × 50 teachers: tens
+of minutes on a loaded 2-core machine) can be stopped and resumed. The tiled HDF5 files are
+cached there too. At the end every cached cell goes into one JSON and one plot.
+
+    python bench/scale.py --M 10000 100000 --K 10          # what fits in a few minutes
+    python bench/scale.py --M 10000 100000 1000000 --K 10 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+STAGES = ("teachers", "targets", "clr", "kmeans", "distill")
+
+
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def tiled_h5(path: Path, m: int) -> Path:
+    """mnist5k tiled to ``m`` rows as uint8 (images ×255, rounded), written once, in blocks."""
+    import h5py
+
+    from mrtf.data import load_builtin
+
+    if path.exists():
+        return path
+    x = np.rint(load_builtin("mnist5k").x * 255).astype(np.uint8)
+    tmp = path.with_suffix(".tmp")
+    with h5py.File(tmp, "w") as f:
+        out = f.create_dataset("x", (m, *x.shape[1:]), np.uint8, chunks=(1024, *x.shape[1:]))
+        for s in range(0, m, len(x)):
+            out[s:s + len(x)] = x[: min(len(x), m - s)]
+    tmp.rename(path)
+    return path
+
+
+def run_cell(h5: Path, k: int, steps: int, threads: int) -> dict:
+    """One cell: every stage timed in turn, with the peak RSS reached after it."""
+    import torch
+
+    from mrtf.io.hdf5 import H5Dataset
+    from mrtf.models import build_model
+    from mrtf.refinery import RefineConfig, distill, ensemble_targets, prototype_targets
+    from mrtf.refinery.cluster import kmeans_view
+    from mrtf.refinery.teachers import teacher_logits
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    models = [build_model("lenet", 10).eval() for _ in range(k)]
+    src = H5Dataset(h5)
+    row: dict = {"M": len(src), "K": k, "threads": threads, "distill_steps": steps,
+                 "commit": _commit(), "rss_start_mb": _peak_mb(), "stages": {}}
+
+    def stage(name: str, fn):
+        t0 = time.perf_counter()
+        out = fn()
+        row["stages"][name] = {"s": time.perf_counter() - t0, "peak_rss_mb": _peak_mb(),
+                               "load": os.getloadavg()[0]}
+        return out
+
+    out = stage("teachers", lambda: teacher_logits(models, src, 1024, "cpu",
+                                                   features_of=models[0]))
+    targets = stage("targets", lambda: ensemble_targets(out.logits, k - 2,
+                                                        RefineConfig(method="st+rd"), 0.6))
+    stage("clr", lambda: prototype_targets(targets, out.features))
+    stage("kmeans", lambda: kmeans_view(out.features, 20, seed=0))
+    out.logits = None
+    stage("distill", lambda: distill(models[0], src, targets, steps=steps, batch_size=64))
+    row["feature_dim"] = int(out.features.shape[1])
+    row["teacher_model_samples_per_s"] = k * row["M"] / row["stages"]["teachers"]["s"]
+    row["total_s"] = sum(v["s"] for v in row["stages"].values())
+    return row
+
+
+def _commit() -> str:
+    """The code a cached cell was measured with (cells of a resumed grid may differ)."""
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"],
+                                       cwd=Path(__file__).parent, text=True).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def cell_path(root: Path, m: int, k: int) -> Path:
+    return root / f"cell-M{m}-K{k}.json"
+
+
+def collect(root: Path) -> list[dict]:
+    rows = [json.loads(p.read_text()) for p in root.glob("cell-M*-K*.json")]
+    return sorted(rows, key=lambda r: (r["K"], r["M"]))
+
+
+def plot(rows: list[dict], out: Path) -> None:
+    """Time per stage (left) and peak RSS (right) against M, log-log, one line style per K."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for k, style in zip(sorted({r["K"] for r in rows}), ("-o", "--s", ":^")):
+        cells = [r for r in rows if r["K"] == k]
+        ms = [r["M"] for r in cells]
+        for i, name in enumerate(STAGES):  # colour = stage, line style = K
+            ax_t.plot(ms, [r["stages"][name]["s"] for r in cells], style, color=f"C{i}",
+                      label=f"{name} K={k}")
+        ax_m.plot(ms, [max(v["peak_rss_mb"] for v in r["stages"].values()) for r in cells],
+                  style, color="k", label=f"K={k}")
+    for ax, ylabel in ((ax_t, "wall time per stage (s)"), (ax_m, "peak RSS (MB)")):
+        ax.set(xscale="log", yscale="log", xlabel="target-set size M", ylabel=ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("mrtf refinery at scale (bench/scale.py; loaded 2-core machine, see load)")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--M", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    ap.add_argument("--K", type=int, nargs="+", default=[10, 50])
+    ap.add_argument("--steps", type=int, default=100, help="distillation steps (batch 64)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dir", default="runs/scale")
+    ap.add_argument("--cell", nargs=2, metavar=("H5", "K"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.cell:
+        row = run_cell(Path(args.cell[0]), int(args.cell[1]), args.steps, args.threads)
+        print(json.dumps(row))
+        return
+    root = Path(args.dir)
+    root.mkdir(parents=True, exist_ok=True)
+    for m in args.M:
+        for k in args.K:
+            done = cell_path(root, m, k)
+            if done.exists():
+                print(f"M={m} K={k}: cached ({done})", flush=True)
+                continue
+            h5 = tiled_h5(root / f"mnist5k-tiled-{m}.h5", m)
+            cmd = [sys.executable, __file__, "--cell", str(h5), str(k), "--steps",
+                   str(args.steps), "--threads", str(args.threads)]
+            row = json.loads(subprocess.check_output(cmd).decode().splitlines()[-1])
+            done.write_text(json.dumps(row, indent=2))
+            print(_fmt(row), flush=True)
+    rows = collect(root)
+    (root / "scale.json").write_text(json.dumps(rows, indent=2))
+    plot(rows, root / "scale.png")
+    print(f"saved {root / 'scale.json'} and {root / 'scale.png'} ({len(rows)} cells)")
+
+
+def _fmt(r: dict) -> str:
+    parts = " ".join(f"{n} {v['s']:.1f}s" for n, v in r["stages"].items())
+    peak = max(v["peak_rss_mb"] for v in r["stages"].values())
+    return f"M={r['M']:>8} K={r['K']:>3}: {parts} | peak RSS {peak:.0f} MB"
+
+
+if __name__ == "__main__":
+    main()
