@@ -61,10 +61,19 @@ def export_run(out: Out, opts: dict[str, Any], run_opts: dict[str, Any],
                for r in done.records]
     result = SimulationResult(cfg.simulation(opts["seed"]), records, seen["last"], seen["fed"],
                               seen["latest"])
+    written = write_exports(result, received_dir, target_file, opts["force"],
+                            opts["export_history"], out)
+    out.summary({"command": "simulate", "config": cfg.to_dict(), "rounds": done.records,
+                 "final_accuracy": done.records[-1]["accuracy"], "outputs": written})
+
+
+def write_exports(result: SimulationResult, received_dir: Path | None,
+                  target_file: Path | None, force: bool, history: bool,
+                  out: Out) -> dict[str, Any]:
+    """Write what a pilot party receives (and its target set); say so; return the paths."""
     written: dict[str, Any] = {}
     if received_dir is not None:
-        paths = export_received(result, received_dir, force=opts["force"],
-                                history=opts["export_history"])
+        paths = export_received(result, received_dir, force=force, history=history)
         written["received"] = [str(p) for p in paths]
         out.say(f"wrote {len(paths)} received models to {received_dir}")
     if target_file is not None:
@@ -72,5 +81,4 @@ def export_run(out: Out, opts: dict[str, Any], run_opts: dict[str, Any],
         written["target"] = str(target_file)
         out.say(f"wrote target set ({len(result.federation.target_y)} samples) to "
                 f"{target_file}")
-    out.summary({"command": "simulate", "config": cfg.to_dict(), "rounds": done.records,
-                 "final_accuracy": done.records[-1]["accuracy"], "outputs": written})
+    return written

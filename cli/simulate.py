@@ -9,8 +9,9 @@ from pathlib import Path
 import click
 
 from mrtf.cli.common import Out, output_options
+from mrtf.cli.export_run import write_exports
 from mrtf.errors import InputError
-from mrtf.federated import LocalConfig, SimulationConfig, export_received, export_target, run_fedavg
+from mrtf.federated import LocalConfig, SimulationConfig, run_fedavg
 from mrtf.federated.simulate import check_received_dir
 from mrtf.io.atomic import check_output
 from mrtf.models import available_archs
@@ -131,16 +132,7 @@ def simulate(out: Out, **opts) -> None:
                 f"local loss {rec.train_loss:.4f}  {rec.seconds:.1f}s")
 
     result = run_fedavg(cfg, on_round=show, device=device)
-    written: dict[str, object] = {}
-    if received_dir is not None:
-        paths = export_received(result, received_dir, force=force, history=history)
-        written["received"] = [str(p) for p in paths]
-        out.say(f"wrote {len(paths)} received models to {received_dir}")
-    if target_file is not None:
-        export_target(result, target_file)
-        written["target"] = str(target_file)
-        out.say(f"wrote target set ({len(result.federation.target_y)} samples) to "
-                f"{target_file}")
+    written = write_exports(result, received_dir, target_file, force, history, out)
     out.summary({
         "command": "simulate", "config": _config_dict(cfg),
         "rounds": [{**vars(r), "round": r.round + 1} for r in result.records],  # 1-based
