@@ -14,11 +14,10 @@ last checkpoint ends with exactly the metrics of an uninterrupted run (wall-cloc
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -27,342 +26,40 @@ import torch
 
 from mrtf.device import pick_device
 from mrtf.errors import InputError, first_line
+from mrtf.federated.checkpoints import (  # noqa: F401  (re-exported)
+    TrackState,
+    _write_text,
+    load_checkpoint,
+    save_checkpoint,
+    track_name,
+)
+from mrtf.federated.dp import privatize  # noqa: F401  (re-exported)
 from mrtf.federated.fairness import (
     LOCAL_METRICS,
     client_accuracies,
     fairness_metrics,
-    split_local_test,
 )
 from mrtf.federated.local import LocalConfig, accuracy, local_train
 from mrtf.federated.methods import (
-    METHODS,
     SCORES,
     ClientUpdate,
-    MethodSettings,
     ServerContext,
     make_strategy,
     sub_seed,
 )
-from mrtf.federated.simulate import Federation, SimulationConfig, prepare_federation
-from mrtf.io.atomic import atomic_path, is_temp_name
+from mrtf.federated.run_config import (  # noqa: F401  (re-exported)
+    LOCAL_ALGORITHMS,
+    RUN_FILES,
+    VARIANTS,
+    RunConfig,
+    load_toml,
+    prepare_run,
+    to_toml,
+)
+from mrtf.federated.simulate import Federation
+from mrtf.io.atomic import is_temp_name
 from mrtf.io.outputs import RUN_LOCK, locked_dir
 from mrtf.progress import bar as progress_bar
-
-LOCAL_ALGORITHMS = ("fedavg", "fedprox", "scaffold")
-VARIANTS = ("paper", "reference")
-RUN_FILES = ("config.json", "config.toml", "metrics.jsonl", "metrics.h5", "accuracy.png",
-             "summary.md")
-
-
-@dataclass
-class RunConfig:
-    """One comparison run (``mrtf simulate --config run.toml``); every field is a TOML key."""
-
-    dataset: str = "mnist5k"
-    target: str | None = None  # None / same as dataset: held-out part (in-domain)
-    clients: int = 20
-    split: str = "dirichlet:0.1"
-    ratio: float = 0.2
-    rounds: int = 1
-    epochs: int = 2
-    local_steps: int | None = None
-    lr: float = 0.05
-    batch_size: int = 16  # measured: docs/results.md ("Defaults")
-    local_algorithm: str = "fedavg"
-    mu: float = 0.0  # FedProx μ: needs local_algorithm = fedprox and μ > 0 (e.g. 0.01)
-    arch: str = "lenet"
-    norm: str | None = None
-    target_size: int = 1000
-    image_size: int | None = None
-    channels: int | None = None
-    methods: list[str] = field(default_factory=lambda: ["fedavg"])
-    seeds: list[int] = field(default_factory=lambda: [0])
-    dp_sigma: float = 0.0
-    dp_clip: float = 0.0  # 0 = no clipping
-    eval_every: int = 1
-    local_test: float = 0.0  # fraction of each client's data held out (FedKF's AMP/FM/WLP)
-    out: str | None = None
-    # server methods
-    refine_steps: int = 500
-    refine_lr: float | None = None
-    variant: str = "paper"
-    clr_min_round: int = 5
-    keep_training_on_average: bool = False
-    fusion_iterations: int = 10
-    fusion_student_steps: int = 5
-    fusion_batch: int | None = None
-    fedkf_kd_from_round: int = 0
-    fedkf_oca: str = "paper"
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], where: str = "config") -> RunConfig:
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise InputError(f"{where}: unknown key {unknown[0]!r} (known: "
-                             f"{', '.join(sorted(names))})")
-        data = dict(data)
-        for key in ("methods", "seeds"):
-            if key in data:
-                data[key] = _as_list(data[key], key)
-        try:
-            data["seeds"] = [int(s) for s in data.get("seeds", [0])]
-        except (TypeError, ValueError):
-            raise InputError(f"{where}: seeds must be integers, got {data['seeds']!r}") from None
-        cfg = cls(**data)
-        for f in fields(cls):  # light type check of scalars
-            v = getattr(cfg, f.name)
-            if isinstance(v, str) and f.type in ("int", "float", "bool"):
-                raise InputError(f"{where}: {f.name} must be a number, got {v!r}")
-        return cfg
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def identity(self) -> dict[str, Any]:
-        """What makes two runs the same run (``out`` aside)."""
-        d = self.to_dict()
-        d.pop("out")
-        return d
-
-    def local_config(self) -> LocalConfig:
-        try:
-            return LocalConfig(epochs=self.epochs, steps=self.local_steps, lr=self.lr,
-                               batch_size=self.batch_size,
-                               mu=self.mu if self.local_algorithm == "fedprox" else 0.0)
-        except ValueError as exc:
-            raise InputError(str(exc)) from None
-
-    def simulation(self, seed: int) -> SimulationConfig:
-        return SimulationConfig(dataset=self.dataset, clients=self.clients, split=self.split,
-                                ratio=self.ratio, rounds=self.rounds, arch=self.arch,
-                                norm=self.norm, target_size=self.target_size,
-                                image_size=self.image_size, channels=self.channels, seed=seed,
-                                local=self.local_config())
-
-    def settings(self) -> MethodSettings:
-        return MethodSettings(**{f.name: getattr(self, f.name) for f in
-                                 fields(MethodSettings)})
-
-    def validate(self) -> None:
-        from mrtf.data import BUILTIN
-        from mrtf.models import available_archs
-
-        def bad(cond: bool, msg: str) -> None:
-            if cond:
-                raise InputError(msg)
-
-        bad(not self.methods, "no methods given")
-        for m in self.methods:
-            bad(m not in METHODS, f"unknown method {m!r}; choose from {', '.join(METHODS)}")
-        bad(len(set(self.methods)) != len(self.methods), "a method is listed twice")
-        bad(not self.seeds, "no seeds given")
-        bad(len(set(self.seeds)) != len(self.seeds), "a seed is listed twice")
-        bad(self.local_algorithm not in LOCAL_ALGORITHMS, f"unknown local algorithm "
-            f"{self.local_algorithm!r}; choose from {', '.join(LOCAL_ALGORITHMS)}")
-        bad(self.local_algorithm == "fedprox" and not self.mu > 0,
-            f"fedprox needs mu > 0, got {self.mu}; give --mu (e.g. --mu 0.01)")
-        bad(not (self.dp_sigma >= 0 and math.isfinite(self.dp_sigma)),
-            f"dp_sigma (σ) must be >= 0, got {self.dp_sigma}")
-        bad(not (self.dp_clip >= 0 and math.isfinite(self.dp_clip)),
-            f"dp_clip must be >= 0, got {self.dp_clip}")
-        bad(self.eval_every < 1, f"eval_every must be >= 1, got {self.eval_every}")
-        bad(not 0.0 <= self.local_test < 1.0,
-            f"local_test must be a fraction in [0, 1), got {self.local_test}")
-        bad(self.refine_steps < 0, f"refine_steps must be >= 0, got {self.refine_steps}")
-        bad(self.variant not in VARIANTS, f"variant must be paper or reference, got "
-            f"{self.variant!r}")
-        bad(self.fedkf_oca not in VARIANTS, f"fedkf_oca must be paper or reference, got "
-            f"{self.fedkf_oca!r}")
-        bad(self.fusion_iterations < 1 or self.fusion_student_steps < 1,
-            "fusion_iterations and fusion_student_steps must be >= 1")
-        bad(":" not in self.arch and self.arch not in available_archs(),
-            f"unknown architecture {self.arch!r}; choose from {', '.join(available_archs())}")
-        if self.target is not None and self.target != self.dataset:
-            bad(self.target not in BUILTIN and not Path(self.target).is_file(),
-                f"unknown target dataset {self.target!r}; built-in: {', '.join(BUILTIN)}, "
-                "or a path to an .h5 file")
-        self.simulation(self.seeds[0]).validate()
-
-    @property
-    def cross_domain(self) -> bool:
-        return self.target is not None and self.target != self.dataset
-
-
-def _as_list(value: Any, key: str) -> list:
-    if isinstance(value, str):
-        return [v.strip() for v in value.split(",") if v.strip()]
-    if isinstance(value, int | float):
-        return [value]
-    if isinstance(value, list | tuple):
-        return list(value)
-    raise InputError(f"{key} must be a list or a comma-separated string, got {value!r}")
-
-
-def load_toml(path: str | Path) -> dict[str, Any]:
-    """Read a run config file (TOML); errors become one-line InputErrors."""
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"config file {p} not found")
-    try:
-        with p.open("rb") as f:
-            data = tomllib.load(f)
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{p}: not valid TOML ({str(exc).splitlines()[0]})") from None
-    return data
-
-
-def to_toml(data: dict[str, Any]) -> str:
-    """Flat dict of scalars/lists → TOML text (None values are left out)."""
-    def val(v: Any) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, int | float):
-            return repr(v)
-        if isinstance(v, list | tuple):
-            return "[" + ", ".join(val(x) for x in v) + "]"
-        return json.dumps(str(v))
-
-    return "".join(f"{k} = {val(v)}\n" for k, v in data.items() if v is not None)
-
-
-# ---------------------------------------------------------------- data
-
-
-def prepare_run(cfg: RunConfig, seed: int) -> Federation:
-    """The seed's federation; for a cross-domain run the target set is replaced by held-out
-    samples of ``cfg.target``, resized and channel-converted to the source's shape."""
-    fed = prepare_federation(cfg.simulation(seed))
-    if cfg.local_test > 0:
-        fed.parts, fed.test_parts = split_local_test(fed.parts, cfg.local_test, seed)
-    if not cfg.cross_domain:
-        return fed
-    from mrtf.data import adapt_images, load_dataset, train_target_split
-
-    c, h, w = fed.x.shape[1:]
-    ds = load_dataset(cfg.target)
-    if ds.x.ndim != 4 or ds.x.shape[-1] != ds.x.shape[-2] or h != w:
-        raise InputError(f"target {cfg.target!r} images {tuple(ds.x.shape[1:])} do not fit the "
-                         f"source's models ({c}×{h}×{w}): only square images can be resized")
-    if ds.num_classes > fed.num_classes:
-        raise InputError(f"target {cfg.target!r} has {ds.num_classes} classes but the source's "
-                         f"models predict {fed.num_classes}")
-    x = adapt_images(ds.x, h, c)
-    n = len(ds.y)
-    _, idx = train_target_split(n, min(cfg.target_size, n - 1), seed)
-    fed.target_x = torch.from_numpy(np.ascontiguousarray(x[idx]))
-    fed.target_y = torch.from_numpy(ds.y[idx].astype(np.int64))
-    return fed
-
-
-# ---------------------------------------------------------------- DP
-
-
-def privatize(start: dict[str, torch.Tensor], state: dict[str, torch.Tensor], sigma: float,
-              clip: float, gen: torch.Generator) -> dict[str, torch.Tensor]:
-    """θ_t + clip(θ_k − θ_t) + N(0, σ²): the update (all floating-point entries, BN statistics
-    included) is scaled to L2 norm ≤ ``clip`` (when > 0), then Gaussian noise is added to every
-    coordinate (MrTF Sect. 5.5). Integer buffers are passed through."""
-    keys = [k for k, v in state.items() if v.is_floating_point()]
-    delta = {k: state[k].double() - start[k].double() for k in keys}
-    scale = 1.0
-    if clip > 0:
-        norm = math.sqrt(sum(float((d * d).sum()) for d in delta.values()))
-        scale = min(1.0, clip / norm) if norm > 0 else 1.0
-    out = dict(state)
-    for k in keys:
-        noise = torch.randn(delta[k].shape, generator=gen, dtype=torch.float64) * sigma \
-            if sigma > 0 else 0.0
-        out[k] = (start[k].double() + delta[k] * scale + noise).to(state[k].dtype)
-    return out
-
-
-# ---------------------------------------------------------------- checkpoints
-
-
-def _save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
-    from safetensors.torch import save
-
-    # bytes written by us into our temporary file: safetensors' save_file would keep a
-    # temporary file of its own, which a killed run leaves behind
-    data = save({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()})
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(data)
-
-
-def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    return load_file(str(path))
-
-
-def _write_text(path: Path, text: str) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_text(text)
-
-
-def track_name(seed: int, method: str) -> str:
-    return f"s{seed}-{method.replace('+', '_')}"
-
-
-@dataclass
-class TrackState:
-    """A (seed, method) run in progress: what a checkpoint holds."""
-
-    round: int  # rounds completed
-    global_state: dict[str, torch.Tensor]
-    control: dict[str, torch.Tensor] | None
-    client_controls: dict[int, dict[str, torch.Tensor]]
-    records: list[dict]
-    elapsed: float
-    done: bool = False
-
-
-def save_checkpoint(ckdir: Path, name: str, ts: TrackState, strategy) -> None:
-    """Tensors to ``NAME.rROUND.safetensors`` first, then the JSON that points to it (the
-    commit point), then older tensor files are removed. No pickle anywhere."""
-    tensors = {f"global.{k}": v for k, v in ts.global_state.items()}
-    if ts.control is not None:
-        tensors.update({f"control.{k}": v for k, v in ts.control.items()})
-    for c, st in ts.client_controls.items():
-        tensors.update({f"ccontrol.{c}.{k}": v for k, v in st.items()})
-    tensors.update({f"strategy.{k}": v for k, v in strategy.state_tensors().items()})
-    fname = f"{name}.r{ts.round}.safetensors"
-    _save_tensors(ckdir / fname, tensors)
-    meta = {"round": ts.round, "tensors": fname, "done": ts.done, "records": ts.records,
-            "elapsed": ts.elapsed, "client_controls": sorted(ts.client_controls),
-            "scaffold": ts.control is not None, "strategy": strategy.state_json()}
-    _write_text(ckdir / f"{name}.json", json.dumps(meta, sort_keys=True))
-    for old in ckdir.glob(f"{name}.r*.safetensors"):
-        if old.name != fname:
-            old.unlink(missing_ok=True)
-
-
-def load_checkpoint(ckdir: Path, name: str, strategy) -> TrackState | None:
-    meta_path = ckdir / f"{name}.json"
-    if not meta_path.is_file():
-        return None
-    try:
-        meta = json.loads(meta_path.read_text())
-        tensors = _load_tensors(ckdir / meta["tensors"])
-    except (OSError, ValueError, KeyError) as exc:
-        raise InputError(f"checkpoint {meta_path} is unreadable ({exc}); rerun with --force"
-                         ) from None
-
-    def part(prefix: str) -> dict[str, torch.Tensor]:
-        return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
-
-    strategy.load_state_tensors(part("strategy."), meta.get("strategy", {}))
-    return TrackState(round=meta["round"], global_state=part("global."),
-                      control=part("control.") if meta["scaffold"] else None,
-                      client_controls={int(c): part(f"ccontrol.{c}.")
-                                       for c in meta["client_controls"]},
-                      records=meta["records"], elapsed=meta["elapsed"], done=meta["done"])
-
 
 # ---------------------------------------------------------------- the engine
 
@@ -689,3 +386,4 @@ def _scaffold_client(ts: TrackState, k: int, start: torch.nn.Module, trained: to
            for n_ in ts.control}
     ts.client_controls[k] = new
     return {n_: new[n_] - old[n_] for n_ in new}
+
