@@ -118,6 +118,8 @@ METHODS: dict[str, Callable] = {
     "mrtf": _refined("mrtf", clr_min_round=0),  # paper MrTF, CLR in every cell
     "shot": _shot,
     "adaptive": _refined("adaptive"),
+    # the same, told the target's classes are balanced (they are, in every cell here)
+    "adaptive-uniform": _refined("adaptive", class_prior="uniform"),
 }
 #: the simple alternatives the default must match in every cell
 BASELINES = ("fedavg", "ensemble", "feddf", "st")

@@ -56,6 +56,11 @@ from mrtf.scoring import score_labels
 @click.option("--clr-min-round", type=int, default=5, show_default=True,
               help="Skip the clustered label refinery for models of the first N rounds "
                    "(rounds 1..N; the paper skips the first 5). 0 = always apply it.")
+@click.option("--class-prior", type=click.Choice(["learned", "uniform"]), default="learned",
+              show_default=True,
+              help="adaptive: 'uniform' if your data holds every class about equally often "
+                   "(divides each model's class bias out; better labels on balanced data, "
+                   "worse on skewed data).")
 @click.option("--student-arch", default=None,
               help="Fresh student architecture (needed when parties' architectures differ).")
 @click.option("--student", "student_file", type=click.Path(path_type=Path), default=None,
@@ -123,7 +128,8 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, outs: Outputs,
                        batch_size=opts["batch_size"], lr=opts["lr"],
                        clr_iterations=opts["clr_iterations"],
                        clr_min_round=opts["clr_min_round"], seed=opts["seed"],
-                       device=opts["device"], progress=out.progress)
+                       device=opts["device"], progress=out.progress,
+                       class_prior=opts["class_prior"])
     probe_outputs(rs, source, student)
     # the refined model's metadata must be writable: find out now, not after the work
     refined_meta(rs, student_meta, cfg.method, {}).validate("the refined model's metadata")

@@ -6,8 +6,11 @@ import pytest
 from mrtf.refinery.adaptive import (
     adaptive_targets,
     cluster_weight,
+    debias,
+    debias_strength,
     estimated_accuracy,
     input_independent,
+    label_diversity,
 )
 from mrtf.refinery.teachers import stabilized_probs
 
@@ -113,3 +116,40 @@ def test_clusters_help_when_the_models_are_unsure():
 def test_estimated_accuracy_is_the_posterior_mass_of_the_chosen_labels():
     post = np.array([[0.9, 0.1], [0.2, 0.8]])
     assert estimated_accuracy(post, np.array([[1, 0], [1, 0]])) == pytest.approx(0.55)
+
+
+def test_debias_divides_out_a_class_bias_and_spares_one_class_sources():
+    rng = np.random.default_rng(4)
+    y = rng.integers(0, C, 2000)
+    z = rng.normal(0, 1.0, (2000, C))
+    z[np.arange(2000), y] += 3.0
+    z[:, 0] += 4.0  # a model moved to another domain: it names class 0 far too often
+    biased = stabilized_probs(z, 4.0)
+    assert np.bincount(biased.argmax(1), minlength=C)[0] > 0.5 * len(y)
+    fixed = debias(biased, 1.0)
+    np.testing.assert_allclose(fixed.sum(1), 1.0, rtol=1e-5)
+    assert _acc(fixed, y) > _acc(biased, y) + 0.2
+    assert debias(biased, 0.0) is biased
+    one_class = np.tile(np.eye(C, dtype=np.float32)[[3]] * 0.9 + 0.01, (50, 1))
+    assert label_diversity(one_class) == 0.0 and debias_strength([one_class]) == 0.0
+    assert debias_strength([biased]) == 1.0
+
+
+def test_uniform_class_prior_is_an_option_not_the_default():
+    """Every source shares one class bias (a domain shift): the learned prior keeps it, the
+    uniform prior (for targets known to be balanced) removes it."""
+    rng = np.random.default_rng(5)
+    y = rng.integers(0, C, 2000)
+    views = []
+    for _ in range(4):
+        z = rng.normal(0, 1.0, (2000, C))
+        z[np.arange(2000), y] += 2.5
+        z[:, 0] += 3.5
+        views.append(stabilized_probs(z, 4.0))
+    probs = np.stack(views)
+    learned = adaptive_targets(probs, list("abcd"), views[0], None)
+    uniform = adaptive_targets(probs, list("abcd"), views[0], None, class_prior="uniform")
+    assert learned.debias_strength == 0.0 and uniform.debias_strength == 1.0
+    assert _acc(uniform.targets, y) > _acc(learned.targets, y) + 0.1
+    with pytest.raises(ValueError, match="class_prior"):
+        adaptive_targets(probs, list("abcd"), views[0], None, class_prior="balanced")

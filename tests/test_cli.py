@@ -150,6 +150,8 @@ def test_refine_label_score_end_to_end(simulated, tmp_path):
     (["--data", "{tmp}/empty.h5", "--labels", "{tmp}/l.h5"], "empty"),
     (["--data", "{root}/target.h5", "--labels", "{tmp}/l.h5", "--student",
       "{tmp}/five.safetensors"], "classes"),
+    (["--data", "{root}/target.h5", "--labels", "{tmp}/l.h5", "--method", "mrtf",
+      "--class-prior", "uniform"], "applies to the adaptive method only"),
 ])
 def test_refine_bad_input(simulated, tmp_path, extra, message):
     root, _ = simulated

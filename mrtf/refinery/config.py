@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mrtf.errors import InputError
+from mrtf.refinery.adaptive import CLASS_PRIORS
 from mrtf.refinery.teachers import STACK_MODES
 
 
@@ -50,6 +51,9 @@ class RefineConfig:
         (``BundleMeta.round`` < it; 0-based in memory, files count from 1): the paper skips
         the first 5 rounds, when θ_{t+1}'s features are not yet discriminative (Sect. 4.3);
         0 = always apply. Models without a round always get CLR.
+    class_prior : (adaptive only) 'learned' (default: the consensus learns the target's
+        class frequencies) or 'uniform' (each source's class bias is divided out first: better
+        labels on balanced targets, worse on skewed ones; adaptive.debias has the numbers).
     """
 
     method: str = "adaptive"
@@ -65,6 +69,7 @@ class RefineConfig:
     progress: bool = True
     inference_batch: int = 1024
     stack: str = "auto"
+    class_prior: str = "learned"
 
     def validate(self) -> None:
         def bad(cond: bool, msg: str) -> None:
@@ -82,4 +87,9 @@ class RefineConfig:
         bad(self.clr_iterations < 0, f"clr iterations must be >= 0, got {self.clr_iterations}")
         bad(self.inference_batch < 1, "inference batch must be >= 1")
         bad(self.stack not in STACK_MODES, f"stack must be one of {STACK_MODES}")
+        bad(self.class_prior not in CLASS_PRIORS, f"class prior must be one of "
+            f"{', '.join(CLASS_PRIORS)}, got {self.class_prior!r}")
+        bad(self.class_prior != "learned" and self.method != "adaptive",
+            f"--class-prior {self.class_prior} applies to the adaptive method only, not "
+            f"{self.method}")
 

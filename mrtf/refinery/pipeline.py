@@ -209,7 +209,7 @@ def _targets(plan: _Plan, logits: np.ndarray, feats: np.ndarray | None, config: 
         t0 = time.perf_counter()
         probs = np.concatenate([q for _, q in _stabilized_blocks(logits, config)], axis=1)
         out = adaptive_targets(probs, plan.names, self_probs, feats, config.seed,
-                               len(plan.locals_))
+                               len(plan.locals_), config.class_prior)
         return out.targets, {"clr": time.perf_counter() - t0, "adaptive": out}
     targets = ensemble_targets(logits, len(plan.locals_), config, u)
     if not METHOD_SPECS[config.method].features or skip_clr or config.clr_iterations == 0:
@@ -326,7 +326,11 @@ def _trust_info(adaptive, probs: np.ndarray, before: np.ndarray) -> dict[str, An
     info: dict[str, Any] = {"sources": [asdict(t) for t in adaptive.sources],
                             "trust": [t.line() for t in adaptive.sources],
                             "consensus_confidence": adaptive.confidence,
-                            "cluster_weight": adaptive.cluster_weight}
+                            "cluster_weight": adaptive.cluster_weight,
+                            "debias_strength": adaptive.debias_strength}
+    if adaptive.debias_strength > 0:
+        info["trust"].append(f"class prior: uniform, each model's class bias divided out "
+                             f"(strength {adaptive.debias_strength:.2f})")
     if adaptive.consensus is not None:
         post = adaptive.consensus.posterior
         info["estimated_accuracy"] = {"refined": estimated_accuracy(post, probs),
