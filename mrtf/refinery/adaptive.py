@@ -96,7 +96,8 @@ def _verdict(acc: float, num_classes: int) -> str:
 
 def adaptive_targets(probs: np.ndarray, names: Sequence[str], self_probs: np.ndarray,
                      features: np.ndarray | None, seed: int = 0,
-                     num_local: int | None = None) -> AdaptiveTargets:
+                     num_local: int | None = None,
+                     source_weights: Sequence[float] | None = None) -> AdaptiveTargets:
     """Targets from every source, weighted by what the target set says about each.
 
     probs (S, M, C): the sources' stabilized softmax (Eq. 6), in the order of ``names``.
@@ -104,6 +105,8 @@ def adaptive_targets(probs: np.ndarray, names: Sequence[str], self_probs: np.nda
     features (M, D): θ_{t+1}'s features for the cluster view, or None (no cluster view).
     num_local: how many of the sources (the first) are local models (default: all but the
         last two, θ_t and θ_{t+1}).
+    source_weights: optional factor per source (S,) on its consensus weight, e.g. 0.5 for a
+        party mrtf.trust.reliability down-weighted (default: all 1).
     """
     m, c = probs.shape[1:]
     num_local = max(1, len(probs) - 2) if num_local is None else num_local
@@ -119,6 +122,8 @@ def adaptive_targets(probs: np.ndarray, names: Sequence[str], self_probs: np.nda
     # annotators: together they count 1.5 (0.75 each; 1 each let a confident average at
     # chance outvote specialist parties, 0.5 each lost 2 points on mnist5k→mnistm5k)
     w_models = [1.0 if i < num_local else SELF_WEIGHT / max(1, len(live) - nl) for i in live]
+    if source_weights is not None:
+        w_models = [w * float(source_weights[i]) for w, i in zip(w_models, live)]
     models = _consensus(views, init, w_models)
     conf = models.mean_max_posterior
     lam = cluster_weight(conf) if features is not None and m > c else 0.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mrtf.averaging import parse_aggregate
 from mrtf.errors import InputError
 from mrtf.refinery.teachers import STACK_MODES
 
@@ -50,6 +51,13 @@ class RefineConfig:
         (``BundleMeta.round`` < it; 0-based in memory, files count from 1): the paper skips
         the first 5 rounds, when θ_{t+1}'s features are not yet discriminative (Sect. 4.3);
         0 = always apply. Models without a round always get CLR.
+    trust : measure every party on the target set (mrtf.trust.reliability) and leave the
+        excluded ones out of the parameter average and the teachers, down-weight the doubtful
+        ones, cap claimed n_samples. None (default) = on for adaptive, off for the paper's
+        methods (they reproduce the paper, which has no defence).
+    aggregate : the parameter average θ_{t+1}: 'mean' (weighted by n_samples, the paper),
+        'median' (coordinate-wise) or 'trimmed:β' (coordinate-wise trimmed mean), see
+        mrtf.averaging.aggregate_states.
     """
 
     method: str = "adaptive"
@@ -65,6 +73,8 @@ class RefineConfig:
     progress: bool = True
     inference_batch: int = 1024
     stack: str = "auto"
+    trust: bool | None = None
+    aggregate: str = "mean"
 
     def validate(self) -> None:
         def bad(cond: bool, msg: str) -> None:
@@ -82,4 +92,8 @@ class RefineConfig:
         bad(self.clr_iterations < 0, f"clr iterations must be >= 0, got {self.clr_iterations}")
         bad(self.inference_batch < 1, "inference batch must be >= 1")
         bad(self.stack not in STACK_MODES, f"stack must be one of {STACK_MODES}")
+        try:
+            parse_aggregate(self.aggregate)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
 
