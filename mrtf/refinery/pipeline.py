@@ -50,6 +50,9 @@ class RefineResult:
     averaged_probs: np.ndarray
     info: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    #: calibrated confidence of the labels and the label-free accuracy estimate
+    #: (mrtf.trust.calibration.Calibration); None only if it could not be computed
+    calibration: Any = None
 
 
 def accuracy_of(probs: np.ndarray, y: np.ndarray) -> float:
@@ -269,6 +272,7 @@ def refine(received, source, config: RefineConfig | None = None,
     timings["teachers"] = time.perf_counter() - t0
     student_model = _live_start(plan, before, config, notes, student is not None)
     extra: dict[str, Any] = {}
+    signals = None
     if out is None:  # fedavg: θ_{t+1} as it is
         model, targets = self_model.eval(), before
     else:
@@ -277,6 +281,7 @@ def refine(received, source, config: RefineConfig | None = None,
         targets, extra = _targets(plan, out.logits, out.features, config, u, skip_clr, before,
                                   factors)
         timings["clr"] = extra.pop("clr")
+        signals = _signals(out.logits[:len(plan.locals_)], before, targets)
         out.logits = out.features = None  # free (K, M, C) before distilling
         t0 = time.perf_counter()
         model = distill(student_model, source, targets, config.steps, config.batch_size,
@@ -290,11 +295,33 @@ def refine(received, source, config: RefineConfig | None = None,
             "notes": notes, "config": asdict(config)}
     if "adaptive" in extra:
         info.update(_trust_info(extra["adaptive"], probs, before))
+    cal = _calibration(probs, signals)
+    # the label-free estimate of the labels' accuracy (mrtf.trust.calibration); the
+    # consensus' own view, optimistic where the models are weak, stays under "consensus_view"
+    info["estimated_accuracy"] = {"refined": cal.estimated_accuracy,
+                                  "plus_minus": cal.plus_minus, "method": cal.method,
+                                  "consensus_view": info.get("estimated_accuracy")}
+    info["calibration"] = cal.attrs()
     if trusted is not None:
         info["reliability"] = [p.to_dict() for p in trusted.report.parties]
         info["verdicts"] = [p.line() for p in trusted.report.parties]
         info["aggregate"] = config.aggregate
-    return RefineResult(model.eval(), probs, targets, before, info, timings)
+    return RefineResult(model.eval(), probs, targets, before, info, timings, cal)
+
+
+def _signals(local_logits: np.ndarray, before: np.ndarray, targets: np.ndarray):
+    """Label-free evidence for the calibrated confidence, kept before the logits are freed."""
+    from mrtf.trust.calibration import Signals
+
+    if len(local_logits) == 0:
+        return None
+    return Signals.from_logits(local_logits, before, targets)
+
+
+def _calibration(probs: np.ndarray, signals):
+    from mrtf.trust.calibration import calibrate, uncalibrated
+
+    return uncalibrated(probs) if signals is None else calibrate(probs, signals)
 
 
 def _trust_on(config: RefineConfig) -> bool:
