@@ -76,6 +76,7 @@ def test_clean_set_is_not_flagged(oneshot):
 @pytest.mark.parametrize("kind,verdict", [("random", "excluded"), ("x100", "excluded"),
                                           ("flipped", "excluded"), ("claims", "down-weighted"),
                                           ("claims+flipped", "excluded"),
+                                          ("loss-0", "down-weighted"),
                                           ("loss-0+flipped", "excluded")])
 def test_each_poison_kind_is_named(oneshot, kind, verdict):
     rs, target = oneshot

@@ -298,9 +298,10 @@ def refine(received, source, config: RefineConfig | None = None,
     cal = _calibration(probs, signals)
     # the label-free estimate of the labels' accuracy (mrtf.trust.calibration); the
     # consensus' own view, optimistic where the models are weak, stays under "consensus_view"
-    info["estimated_accuracy"] = {"refined": cal.estimated_accuracy,
-                                  "plus_minus": cal.plus_minus, "method": cal.method,
-                                  "consensus_view": info.get("estimated_accuracy")}
+    info["estimated_accuracy"] = {
+        "refined": cal.estimated_accuracy, "plus_minus": cal.plus_minus, "method": cal.method,
+        "averaged": None if signals is None else _calibration(before, signals)
+        .estimated_accuracy, "consensus_view": info.get("estimated_accuracy")}
     info["calibration"] = cal.attrs()
     if trusted is not None:
         info["reliability"] = [p.to_dict() for p in trusted.report.parties]

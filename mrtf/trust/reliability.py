@@ -60,6 +60,9 @@ AGREE_MIN_MEDIAN = 0.3
 #: party's agreement is also below the median party's
 LOSS_FRACTION = 0.1
 
+#: a claimed train_loss below this (cross-entropy, e.g. exactly 0) is no real training loss
+ZERO_LOSS = 1e-6
+
 VERDICTS = ("trusted", "down-weighted", "excluded")
 
 
@@ -254,7 +257,10 @@ def assess(names: Sequence[str], logits: np.ndarray,
                         f"(median party {med_agree:.2f})")
         loss = p.claimed_loss
         losses = [v for v in train_losses if v is not None]
-        if loss is not None and len(losses) >= 3 and \
+        if loss is not None and loss < ZERO_LOSS:
+            down.append(f"claims train_loss {loss:.3g}, which no trained classifier reaches "
+                        "on real data: its loss is not used")
+        elif loss is not None and len(losses) >= 3 and \
                 loss < LOSS_FRACTION * float(np.median(losses)) and p.agreement < med_agree:
             down.append(f"claims train_loss {loss:.3g} (median claim "
                         f"{float(np.median(losses)):.3g}) but agrees with the others less "
