@@ -322,7 +322,10 @@ def _signals(local_logits: np.ndarray, before: np.ndarray, targets: np.ndarray):
 def _calibration(probs: np.ndarray, signals):
     from mrtf.trust.calibration import calibrate, uncalibrated
 
-    return uncalibrated(probs) if signals is None else calibrate(probs, signals)
+    if signals is None:
+        return uncalibrated(probs, why="no teachers ran (method fedavg), so there are no "
+                                       "signals to calibrate with")
+    return calibrate(probs, signals)
 
 
 def _trust_on(config: RefineConfig) -> bool:

@@ -181,17 +181,19 @@ def calibrate(probs: np.ndarray, signals: Signals,
                        "grid-fitted logistic model of label-free signals")
 
 
-def uncalibrated(probs: np.ndarray, temperature: float | None = None) -> Calibration:
-    """Confidence of one model alone (``mrtf label``): its max probability at ``temperature``
-    (the refined model's, from its bundle) or as it is (said so)."""
+def uncalibrated(probs: np.ndarray, temperature: float | None = None,
+                 why: str = "the model carries no calibration (mrtf.calibration)"
+                 ) -> Calibration:
+    """Confidence of one model alone (``mrtf label``; ``refine --method fedavg``, which has no
+    teachers): its max probability at ``temperature`` (the refined model's, from its bundle)
+    or as it is, said so with ``why``."""
     if temperature is None:
         conf = np.asarray(probs, dtype=np.float32).max(1)
         est = float(conf.mean())
         return Calibration(conf, est, plus_minus(est, len(conf)), 1.0,
                            "the model's max probability, uncalibrated",
-                           ["the model carries no calibration (mrtf.calibration): its "
-                            "confidence and this estimate are its own max probability, "
-                            "usually optimistic"])
+                           [f"{why}: its confidence and this estimate are its own max "
+                            "probability, usually optimistic"])
     conf = apply_temperature(probs, temperature)
     est = float(conf.mean())
     return Calibration(conf, est, plus_minus(est, len(conf)), float(temperature),
