@@ -16,13 +16,22 @@ from mrtf.io.hdf5 import describe_h5
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--trust-arch", multiple=True,
               help="A package.module:factory architecture you trust (local code).")
+@click.option("--data", type=click.Path(path_type=Path), default=None,
+              help="With a received directory: measure every party on this target set "
+                   "(.h5 with x; y is not read) and give each a verdict.")
+@click.option("--device", default=None, help="cpu, cuda, ... (default: CUDA when present).")
 @output_options
-def inspect(path: Path, trust_arch: tuple[str, ...], out: Out) -> None:
-    """Show a received-models directory, one model file, or an HDF5 file."""
+def inspect(path: Path, trust_arch: tuple[str, ...], out: Out, data: Path | None = None,
+            device: str | None = None) -> None:
+    """Show a received-models directory, one model file, or an HDF5 file. With --data, a
+    received directory also gets a per-party reliability table (trusted / down-weighted /
+    excluded, and why)."""
     if not path.exists():
         raise InputError(f"{path}: no such file or directory")
+    if data is not None and not path.is_dir():
+        raise InputError("--data applies to a received directory only")
     if path.is_dir():
-        _inspect_dir(path, trust_arch, out)
+        _inspect_dir(path, trust_arch, out, data, device)
     elif path.suffix in (".safetensors", ".pt"):
         model = load_bundle(path, trust_arch)
         for note in model.notes:
@@ -54,7 +63,8 @@ def _model_row(m) -> dict:
             "label_counts": meta.label_counts}
 
 
-def _inspect_dir(path: Path, trust: tuple[str, ...], out: Out) -> None:
+def _inspect_dir(path: Path, trust: tuple[str, ...], out: Out, data: Path | None = None,
+                 device: str | None = None) -> None:
     received = load_received(path, trust, strict=False)
     for note in received.notes:
         out.warn(note)
@@ -69,8 +79,37 @@ def _inspect_dir(path: Path, trust: tuple[str, ...], out: Out) -> None:
                   ["file", "party", "role", "arch", "classes", "samples", "loss", "round",
                    "label counts", "status"]))
     out.say(f"{len(received.models)} valid, {len(received.refused)} refused")
+    reliability = None
+    if data is not None:
+        reliability = _reliability(received, data, device, out)
     out.summary({"command": "inspect", "kind": "received", "models": rows,
-                 "valid": len(received.models), "refused": len(received.refused)})
+                 "valid": len(received.models), "refused": len(received.refused),
+                 "reliability": reliability})
+
+
+def _reliability(received, data: Path, device: str | None, out: Out) -> list[dict]:
+    """Every local model of the newest round measured on ``data``: the table and verdicts."""
+    from mrtf.cli.common import run_guarded
+    from mrtf.io.fits import check_model_fits
+    from mrtf.io.hdf5 import H5Dataset
+    from mrtf.trust.received import assess_received
+
+    if not received.models:
+        raise InputError("no valid received model to measure on --data")
+    with H5Dataset(data) as source:
+        for m in received.models:
+            check_model_fits(m.build(), m.path.name, source, m.meta.num_classes,
+                             m.meta.arch_kwargs)
+        report = run_guarded(lambda: assess_received(received, source, device,
+                                                     progress=out.progress))
+    out.say(f"\nreliability on {data.name} ({len(report.parties)} local models; y not read)")
+    out.say(table(report.rows(), report.HEADER))
+    for note in report.notes:
+        out.say(f"note: {note}")
+    flagged = report.flagged
+    out.say(f"{len(flagged)} flagged: " + (", ".join(f"{p.name} ({p.verdict})" for p in flagged)
+                                          if flagged else "none"))
+    return [p.to_dict() for p in report.parties]
 
 
 def _counts(counts: list[int] | None) -> str:

@@ -8,6 +8,7 @@ from typing import Any
 import click
 import numpy as np
 
+from mrtf.averaging import parse_aggregate
 from mrtf.cli.common import Out, output_options, run_guarded, table
 from mrtf.errors import InputError
 from mrtf.io.bundles import (
@@ -28,6 +29,9 @@ from mrtf.models import build_model, image_kwargs
 from mrtf.progress import log_lines
 from mrtf.refinery import METHODS, RefineConfig, accuracy_of, predict_probs, refine
 from mrtf.scoring import score_labels
+from mrtf.trust.calibration import uncalibrated
+from mrtf.trust.metrics import ece
+from mrtf.trust.selective import check_selection, select
 
 
 @click.command(name="refine")
@@ -61,6 +65,19 @@ from mrtf.scoring import score_labels
               help="adaptive: 'uniform' if your data holds every class about equally often "
                    "(divides each model's class bias out; better labels on balanced data, "
                    "worse on skewed data).")
+@click.option("--aggregate", default="mean", show_default=True,
+              help="The parameter average θ_{t+1}: mean (weighted by n_samples), median "
+                   "(coordinate-wise) or trimmed:β (coordinate-wise trimmed mean, 0 <= β < 0.5).")
+@click.option("--trust/--no-trust", "trust", default=None,
+              help="Measure every party on --data and leave excluded ones out of the "
+                   "average and the teachers (default: on for adaptive, off for the paper's "
+                   "methods).")
+@click.option("--min-confidence", type=float, default=None,
+              help="Leave samples whose calibrated confidence is below this unlabeled "
+                   "(label -1, abstained = 1 in the labels file).")
+@click.option("--coverage", type=float, default=None,
+              help="Label only this fraction of the samples, the most confident ones (the "
+                   "rest: label -1, abstained = 1).")
 @click.option("--student-arch", default=None,
               help="Fresh student architecture (needed when parties' architectures differ).")
 @click.option("--student", "student_file", type=click.Path(path_type=Path), default=None,
@@ -89,6 +106,15 @@ def refine_cmd(received: Path, data: Path | None, labels_out: Path | None,
         raise InputError("data-free fusion needs --model")
     if data is not None and (opts["datafree"] or opts["dump_samples"]):
         raise InputError("--datafree and --dump-samples apply only without --data")
+    try:
+        parse_aggregate(opts["aggregate"])
+    except ValueError as exc:
+        raise InputError(f"--aggregate: {exc}") from None
+    if data is None and (opts["aggregate"] != "mean" or opts["trust"]):
+        raise InputError("--aggregate and --trust apply with --data only")
+    check_selection(opts["min_confidence"], opts["coverage"])
+    if data is None and (opts["min_confidence"] is not None or opts["coverage"] is not None):
+        raise InputError("--min-confidence and --coverage apply with --data only")
     # every input a listed output could clobber: the received files (and sidecars), the data
     inputs = [p for f in model_files(received) for p in (f, f.with_suffix(".json"))]
     inputs += [data, opts["student_file"]]
@@ -129,7 +155,8 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, outs: Outputs,
                        clr_iterations=opts["clr_iterations"],
                        clr_min_round=opts["clr_min_round"], seed=opts["seed"],
                        device=opts["device"], progress=out.progress,
-                       class_prior=opts["class_prior"])
+                       class_prior=opts["class_prior"],
+                       trust=opts["trust"], aggregate=opts["aggregate"])
     probe_outputs(rs, source, student)
     # the refined model's metadata must be writable: find out now, not after the work
     refined_meta(rs, student_meta, cfg.method, {}).validate("the refined model's metadata")
@@ -141,12 +168,21 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, outs: Outputs,
         result = run_guarded(lambda: refine(rs, source, cfg, student))
     for note in result.info["notes"]:
         out.say(f"note: {note}")
+    if "reliability" in result.info:
+        _say_reliability(result.info["reliability"], out)
     for line in result.info.get("trust", []):
         out.say(f"source {line}")
-    if "estimated_accuracy" in result.info:
-        est = result.info["estimated_accuracy"]
-        out.say(f"label-free estimate (consensus): refined {est['refined']:.3f}, averaged "
-                f"{est['averaged']:.3f}")
+    cal = result.calibration
+    out.say(cal.line())
+    for note in cal.notes:
+        out.say(f"note: {note}")
+    selection = select(cal.confidence, opts["min_confidence"], opts["coverage"])
+    if selection is not None:
+        out.say(f"selective labeling ({selection.rule}): {int(selection.abstained.sum())} of "
+                f"{len(source)} samples left unlabeled (label -1); estimated accuracy of the "
+                f"kept labels {float(cal.confidence[~selection.abstained].mean()):.3f}"
+                if (~selection.abstained).any() else
+                f"selective labeling ({selection.rule}): every sample left unlabeled")
     scores: dict[str, float] = {}
     y = source.labels()
     if y is not None:  # scoring only: y never reaches the refinery
@@ -157,13 +193,21 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, outs: Outputs,
         scores = {first: accuracy_of(result.averaged_probs, y),
                   "targets": accuracy_of(result.target_probs, y),
                   "refined": accuracy_of(result.probs, y)}
+        if selection is not None and (~selection.abstained).any():
+            keep = ~selection.abstained
+            scores["kept"] = accuracy_of(result.probs[keep], y[keep])
         out.say(table([["student before refinement" if own else "averaged model",
                         scores[first]], ["teacher targets", scores["targets"]],
-                       ["refined model", scores["refined"]]], ["accuracy on --data y", ""]))
+                       ["refined model", scores["refined"]]]
+                      + ([["kept labels (selective)", scores["kept"]]] if "kept" in scores
+                         else []), ["accuracy on --data y", ""]))
     parties = [m.name for m in rs.models]
     config = {**result.info["config"], "u_t": result.info["u_t"]}
     # every output is written to its temporary file first, then they are renamed together
-    labels = LabelSet.from_probs(result.probs, source.ids())
+    labels = LabelSet.from_probs(
+        result.probs, source.ids(), cal.confidence,
+        None if selection is None else selection.abstained,
+        {**cal.attrs(), **({"selection": selection.to_dict()} if selection else {})})
     if labels_out is not None:
         with outs.writing(labels_out) as tmp:
             write_labels(tmp, labels, cfg.method, config, parties, atomic=False)
@@ -171,7 +215,7 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, outs: Outputs,
         with outs.writing(opts["csv_out"]) as tmp:
             write_labels_csv(tmp, labels, atomic=False)
     if model_out is not None:
-        meta = refined_meta(rs, student_meta, cfg.method, config)
+        meta = refined_meta(rs, student_meta, cfg.method, config, cal)
         with outs.writing(model_out) as tmp:
             save_bundle(tmp, result.model, meta, atomic=False, require_finite=True)
     outs.commit()
@@ -184,11 +228,26 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, outs: Outputs,
                  "samples": len(source), "u_t": result.info["u_t"],
                  "heterogeneous": result.info["heterogeneous"], "notes": result.info["notes"],
                  "sources": result.info.get("sources"), "parties": opts["parties"],
+                 "reliability": result.info.get("reliability"),
+                 "verdicts": result.info.get("verdicts"), "aggregate": cfg.aggregate,
                  "estimated_accuracy": result.info.get("estimated_accuracy"),
+                 "calibration": cal.attrs(),
+                 "selection": None if selection is None else selection.to_dict(),
                  "accuracy": scores or None, "timings": result.timings,
                  "labels": str(labels_out) if labels_out else None,
                  "csv": str(opts["csv_out"]) if opts["csv_out"] else None,
                  "model": str(model_out) if model_out else None})
+
+
+def _say_reliability(parties: list[dict[str, Any]], out: Out) -> None:
+    """The per-party table and verdicts (mrtf.trust.reliability), as ``inspect --data``."""
+    from mrtf.trust.reliability import PartyReliability, ReliabilityReport
+
+    report = ReliabilityReport([PartyReliability(**p) for p in parties], [])
+    out.say(table(report.rows(), report.HEADER))
+    flagged = report.flagged
+    out.say(f"{len(flagged)} parties flagged: " + (
+        ", ".join(f"{p.name} ({p.verdict})" for p in flagged) if flagged else "none"))
 
 
 def report_parties(rs: ReceivedSet, job: str, out: Out) -> list[dict[str, Any]]:
@@ -280,9 +339,18 @@ def _student_kwargs(rs: ReceivedSet, arch: str, shape: tuple[int, ...] | None) -
 
 
 def refined_meta(rs: ReceivedSet, student_meta: BundleMeta | None, method: str,
-                 config: dict[str, Any]) -> BundleMeta:
-    """Bundle metadata of the refined model (so it can be received again)."""
+                 config: dict[str, Any], calibration: Any = None) -> BundleMeta:
+    """Bundle metadata of the refined model (so it can be received again). ``calibration``:
+    its temperature and the estimate, for ``mrtf label`` (``mrtf.calibration``)."""
     import json
+
+    extra = {"mrtf.method": method,
+             "mrtf.config": json.dumps(config, sort_keys=True, default=str)}
+    if calibration is not None:
+        extra["mrtf.calibration"] = json.dumps(
+            {"temperature": calibration.temperature,
+             "estimated_accuracy": calibration.estimated_accuracy,
+             "plus_minus": calibration.plus_minus}, sort_keys=True)
 
     base = student_meta or rs.by_role("local")[0].meta
     counts = [m.meta.label_counts for m in rs.by_role("local")]
@@ -292,8 +360,7 @@ def refined_meta(rs: ReceivedSet, student_meta: BundleMeta | None, method: str,
     return BundleMeta(arch=base.arch, num_classes=rs.num_classes, arch_kwargs=base.arch_kwargs,
                       party="refined", role="refined", label_counts=total,
                       round=max(rounds) if rounds else None,  # the round it refines
-                      extra={"mrtf.method": method,
-                             "mrtf.config": json.dumps(config, sort_keys=True, default=str)})
+                      extra=extra)
 
 
 @click.command()
@@ -306,16 +373,23 @@ def refined_meta(rs: ReceivedSet, student_meta: BundleMeta | None, method: str,
               help="Write the labels as CSV too: id (the file name, or the row), label, "
                    "confidence.")
 @click.option("--batch-size", type=int, default=1024, show_default=True)
+@click.option("--min-confidence", type=float, default=None,
+              help="Leave samples whose confidence is below this unlabeled (label -1, "
+                   "abstained = 1).")
+@click.option("--coverage", type=float, default=None,
+              help="Label only this fraction of the samples, the most confident ones.")
 @click.option("--trust-arch", multiple=True, help="A package.module:factory you trust.")
 @click.option("--device", default=None)
 @click.option("--force", is_flag=True, help="Replace an existing labels file.")
 @output_options
 def label(model: Path, data: Path, labels_out: Path | None, csv_out: Path | None,
           batch_size: int, trust_arch: tuple[str, ...], device: str | None, force: bool,
-          out: Out) -> None:
+          out: Out, min_confidence: float | None = None, coverage: float | None = None
+          ) -> None:
     """Label new data with a (refined) MODEL file: --labels (.h5) and/or --csv."""
     if labels_out is None and csv_out is None:
         raise InputError("nothing to write: give --labels FILE.h5 and/or --csv FILE.csv")
+    check_selection(min_confidence, coverage)
     with Outputs([labels_out, csv_out], force, (data, model)) as outs:
         bundle = load_bundle(model, trust_arch)
         for note in bundle.notes:
@@ -330,7 +404,12 @@ def label(model: Path, data: Path, labels_out: Path | None, csv_out: Path | None
                               for p in (labels_out, csv_out) if p is not None})
             with log_lines(out.progress):
                 probs = run_guarded(lambda: predict_probs(net, source, batch_size, device))
-            labels = LabelSet.from_probs(probs, source.ids())
+            cal = uncalibrated(probs, _temperature(bundle))
+            selection = select(cal.confidence, min_confidence, coverage)
+            labels = LabelSet.from_probs(
+                probs, source.ids(), cal.confidence,
+                None if selection is None else selection.abstained,
+                {**cal.attrs(), **({"selection": selection.to_dict()} if selection else {})})
             if labels_out is not None:
                 with outs.writing(labels_out) as tmp:
                     write_labels(tmp, labels, "label", {"model": str(model)},
@@ -344,18 +423,52 @@ def label(model: Path, data: Path, labels_out: Path | None, csv_out: Path | None
     where = " and ".join(str(p) for p in (labels_out, csv_out) if p is not None)
     out.say(f"labeled {len(probs)} samples with {model.name} → {where}"
             + (f"  (accuracy on y: {acc:.4f})" if acc is not None else ""))
+    out.say(cal.line())
+    for note in cal.notes:
+        out.say(f"note: {note}")
+    if selection is not None:
+        out.say(f"selective labeling ({selection.rule}): {int(selection.abstained.sum())} of "
+                f"{len(probs)} samples left unlabeled (label -1)")
     out.summary({"command": "label", "samples": len(probs),
                  "labels": str(labels_out) if labels_out else None,
-                 "csv": str(csv_out) if csv_out else None, "accuracy": acc})
+                 "csv": str(csv_out) if csv_out else None, "accuracy": acc,
+                 "calibration": cal.attrs(),
+                 "selection": None if selection is None else selection.to_dict()})
+
+
+def _temperature(bundle: Any) -> float | None:
+    """The temperature a refined model carries (``mrtf.calibration``), or None. The value comes
+    from an untrusted file: anything but a finite positive number is ignored."""
+    import json
+    import math
+
+    raw = bundle.meta.extra.get("mrtf.calibration")
+    if raw is None:
+        return None
+    try:
+        t = float(json.loads(raw)["temperature"])
+    except (TypeError, ValueError, KeyError):
+        return None
+    return t if math.isfinite(t) and 0.01 <= t <= 1000 else None
 
 
 @click.command()
 @click.argument("labels", type=click.Path(path_type=Path))
 @click.option("--truth", type=click.Path(path_type=Path), required=True,
               help="An .h5 dataset holding the true labels y.")
+@click.option("--plot", type=click.Path(path_type=Path), default=None,
+              help="Write a PNG: reliability diagram of the confidence (15 bins) and the "
+                   "risk-coverage curve.")
+@click.option("--force", is_flag=True, help="Replace an existing --plot file.")
 @output_options
-def score(labels: Path, truth: Path, out: Out) -> None:
+def score(labels: Path, truth: Path, out: Out, plot: Path | None = None,
+          force: bool = False) -> None:
     """Score a LABELS file against the y of --truth."""
+    with Outputs([plot], force, (labels, truth)) as outs:
+        _score(labels, truth, out, plot, outs)
+
+
+def _score(labels: Path, truth: Path, out: Out, plot: Path | None, outs: Outputs) -> None:
     predicted = read_labels(labels)
     with H5Dataset(truth) as ds:
         if not ds.has_labels:
@@ -373,11 +486,46 @@ def score(labels: Path, truth: Path, out: Out) -> None:
     if int(y.min()) < 0 or int(y.max()) >= c:
         raise InputError(f"{truth}: 'y' holds {int(y.min())}..{int(y.max())}, outside the "
                          f"{c} classes of {labels} (0..{c - 1})")
-    result = score_labels(predicted.labels, y, c)
-    out.say(f"accuracy {result['accuracy']:.4f} on {result['n']} samples")
+    abst = predicted.abstained if predicted.abstained is not None else \
+        np.zeros(len(y), dtype=bool)
+    full = predicted.probs.argmax(1)  # every sample's label, abstained ones included
+    if abst.all():
+        raise InputError(f"{labels}: every sample is abstained (label -1); nothing to score")
+    result = score_labels(predicted.labels[~abst], y[~abst], c)
+    if abst.any():
+        result["coverage"] = float((~abst).mean())
+        result["accuracy_all"] = float((full == y).mean())
+        out.say(f"accuracy {result['accuracy']:.4f} on the {result['n']} labeled samples "
+                f"(coverage {result['coverage']:.3f}; {int(abst.sum())} abstained); "
+                f"{result['accuracy_all']:.4f} on all {len(y)} with the abstained ones' "
+                "argmax")
+    else:
+        out.say(f"accuracy {result['accuracy']:.4f} on {result['n']} samples")
+    conf = predicted.confidence
+    correct = full == y
+    result["ece"] = ece(conf, correct)
+    cal = predicted.calibration or {}
+    est = cal.get("estimated_accuracy")
+    if isinstance(est, (int, float)):
+        result["estimated_accuracy"] = float(est)
+        pm = cal.get("plus_minus")
+        out.say(f"estimated accuracy {float(est):.4f}"
+                + (f" (±{float(pm):.3f})" if isinstance(pm, (int, float)) else "")
+                + f" vs true {float(correct.mean()):.4f} (all samples): "
+                f"{100 * (float(est) - float(correct.mean())):+.1f} points")
+    out.say(f"ECE of the confidence column (15 bins): {result['ece']:.4f}"
+            + ("" if cal else " (uncalibrated: the max probability)"))
     out.say(table([[i, result["per_class"][i], result["support"][i]] for i in range(c)],
                   ["class", "accuracy", "support"]))
     out.say("confusion (rows: true, columns: predicted)")
     out.say(table([[i, *row] for i, row in enumerate(result["confusion"])],
                   ["", *map(str, range(c))]))
-    out.summary({"command": "score", **result})
+    if plot is not None:
+        from mrtf.trust.plots import plot_trust
+
+        with outs.writing(plot) as tmp:
+            plot_trust(tmp, conf, correct, f"{labels.name}: accuracy "
+                       f"{float(correct.mean()):.3f}", atomic=False)
+        outs.commit()
+        out.say(f"wrote the reliability diagram and risk-coverage curve to {plot}")
+    out.summary({"command": "score", **result, "plot": str(plot) if plot else None})

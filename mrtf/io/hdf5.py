@@ -281,15 +281,31 @@ class LabelSet:
     probs: np.ndarray
     ids: np.ndarray | None = None
     attrs: dict[str, Any] | None = None
+    #: calibrated confidence (M,) of each label (mrtf.trust.calibration); None: max(probs)
+    calibrated: np.ndarray | None = None
+    #: (M,) bool, True where the sample was left unlabeled (label -1; mrtf.trust.selective)
+    abstained: np.ndarray | None = None
+    #: how the confidence was calibrated (written as the ``calibration`` attribute, JSON)
+    calibration: dict[str, Any] | None = None
 
     @classmethod
-    def from_probs(cls, probs: np.ndarray, ids: np.ndarray | None = None) -> LabelSet:
+    def from_probs(cls, probs: np.ndarray, ids: np.ndarray | None = None,
+                   confidence: np.ndarray | None = None,
+                   abstained: np.ndarray | None = None,
+                   calibration: dict[str, Any] | None = None) -> LabelSet:
+        """Labels = argmax(probs); -1 where ``abstained``."""
         probs = np.asarray(probs, dtype=np.float32)
-        return cls(labels=probs.argmax(1).astype(np.int64), probs=probs, ids=ids)
+        labels = probs.argmax(1).astype(np.int64)
+        if abstained is not None:
+            abstained = np.asarray(abstained, dtype=bool)
+            labels[abstained] = -1
+        conf = None if confidence is None else np.asarray(confidence, dtype=np.float32)
+        return cls(labels=labels, probs=probs, ids=ids, calibrated=conf, abstained=abstained,
+                   calibration=calibration)
 
     @property
     def confidence(self) -> np.ndarray:
-        return self.probs.max(1)
+        return self.probs.max(1) if self.calibrated is None else self.calibrated
 
     @property
     def entropy(self) -> np.ndarray:
@@ -319,6 +335,11 @@ def write_labels(path: str | os.PathLike, labels: LabelSet, method: str,
         f.attrs["config"] = json.dumps(config, sort_keys=True, default=str)
         f.attrs["parties"] = json.dumps(parties)
         f.attrs["created"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        if labels.abstained is not None:  # label -1 marks these rows (selective labeling)
+            f.create_dataset("abstained", data=labels.abstained.astype(np.uint8))
+        if labels.calibration is not None:
+            f.attrs["calibration"] = json.dumps(labels.calibration, sort_keys=True,
+                                                default=float)
     return out
 
 
@@ -328,7 +349,7 @@ def read_labels(path: str | os.PathLike) -> LabelSet:
     with _open(p) as f:
         if "labels" not in f or not isinstance(f["labels"], h5py.Dataset):
             raise InputError(f"{p}: has no dataset 'labels' (not an mrtf labels file)")
-        for key in ("labels", "probs", "ids"):
+        for key in ("labels", "probs", "ids", "confidence", "abstained"):
             if key in f:
                 if not isinstance(f[key], h5py.Dataset):
                     raise InputError(f"{p}: '{key}' is not a dataset")
@@ -346,8 +367,14 @@ def read_labels(path: str | os.PathLike) -> LabelSet:
             raw = lab[:]
             probs = f["probs"][:].astype(np.float32) if "probs" in f else None
             ids = read_ids(f["ids"]) if "ids" in f else None
+            conf = _column(p, f, "confidence", lab.shape[0], np.float32)
+            abst = _column(p, f, "abstained", lab.shape[0], bool)
         attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
     c = probs.shape[1] if probs is not None else MAX_CLASSES
+    if abst is not None:  # -1 is the label of an abstained row, and only of one
+        if not np.array_equal(raw == -1, abst):
+            raise InputError(f"{p}: 'abstained' does not match the rows labeled -1")
+        raw = np.where(abst, 0, raw)
     if int(raw.min()) < 0 or int(raw.max()) >= c:
         raise InputError(f"{p}: 'labels' holds {int(raw.min())}..{int(raw.max())}, outside "
                          f"the classes 0..{c - 1}")
@@ -355,7 +382,31 @@ def read_labels(path: str | os.PathLike) -> LabelSet:
     if probs is None:
         check_memory(len(labels) * (int(labels.max()) + 1) * 4, f"expanding {p.name}")
         probs = np.eye(int(labels.max()) + 1, dtype=np.float32)[labels]
-    return LabelSet(labels=labels, probs=probs, ids=ids, attrs=attrs)
+    if abst is not None:
+        labels[abst] = -1
+    calibration = None
+    if "calibration" in attrs:
+        try:
+            calibration = json.loads(attrs["calibration"])
+        except (TypeError, ValueError):
+            raise InputError(f"{p}: attribute 'calibration' is not JSON") from None
+    if conf is not None and not (np.isfinite(conf).all() and (conf >= 0).all()
+                                 and (conf <= 1).all()):
+        raise InputError(f"{p}: 'confidence' must hold values in [0, 1]")
+    # an uncalibrated file's confidence is max(probs): keep it derived, as before
+    return LabelSet(labels=labels, probs=probs, ids=ids, attrs=attrs,
+                    calibrated=conf if calibration is not None else None, abstained=abst,
+                    calibration=calibration)
+
+
+def _column(p: Path, f, key: str, m: int, dtype) -> np.ndarray | None:
+    """An optional (M,) column of a labels file, or None."""
+    if key not in f:
+        return None
+    ds = f[key]
+    if ds.ndim != 1 or ds.shape[0] != m or ds.dtype.kind not in "biuf":
+        raise InputError(f"{p}: '{key}' must be a 1-d numeric array of {m} rows")
+    return ds[:].astype(dtype)
 
 
 def describe_h5(path: str | os.PathLike) -> dict[str, Any]:

@@ -144,7 +144,8 @@ def _verdict(acc: float, num_classes: int) -> str:
 def adaptive_targets(probs: np.ndarray, names: Sequence[str], self_probs: np.ndarray,
                      features: np.ndarray | None, seed: int = 0,
                      num_local: int | None = None,
-                     class_prior: str = "learned") -> AdaptiveTargets:
+                     class_prior: str = "learned",
+                     source_weights: Sequence[float] | None = None) -> AdaptiveTargets:
     """Targets from every source, weighted by what the target set says about each.
 
     probs (S, M, C): the sources' stabilized softmax (Eq. 6), in the order of ``names``.
@@ -154,6 +155,8 @@ def adaptive_targets(probs: np.ndarray, names: Sequence[str], self_probs: np.nda
         last two, θ_t and θ_{t+1}).
     class_prior: "learned" (default) or "uniform": divide each source's class bias out
         first (``debias``), for targets known to hold every class about equally often.
+    source_weights: optional factor per source (S,) on its consensus weight, e.g. 0.5 for a
+        party mrtf.trust.reliability down-weighted (default: all 1).
     """
     if class_prior not in CLASS_PRIORS:
         raise ValueError(f"class_prior must be one of {CLASS_PRIORS}, got {class_prior!r}")
@@ -172,6 +175,8 @@ def adaptive_targets(probs: np.ndarray, names: Sequence[str], self_probs: np.nda
     # annotators: together they count 1.5 (0.75 each; 1 each let a confident average at
     # chance outvote specialist parties, 0.5 each lost 2 points on mnist5k→mnistm5k)
     w_models = [1.0 if i < num_local else SELF_WEIGHT / max(1, len(live) - nl) for i in live]
+    if source_weights is not None:
+        w_models = [w * float(source_weights[i]) for w, i in zip(w_models, live)]
     models = _consensus(views, init, w_models)
     conf = models.mean_max_posterior
     lam = cluster_weight(conf) if features is not None and m > c else 0.0

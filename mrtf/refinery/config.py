@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mrtf.averaging import parse_aggregate
 from mrtf.errors import InputError
 from mrtf.refinery.adaptive import CLASS_PRIORS
 from mrtf.refinery.teachers import STACK_MODES
@@ -54,6 +55,13 @@ class RefineConfig:
     class_prior : (adaptive only) 'learned' (default: the consensus learns the target's
         class frequencies) or 'uniform' (each source's class bias is divided out first: better
         labels on balanced targets, worse on skewed ones; adaptive.debias has the numbers).
+    trust : measure every party on the target set (mrtf.trust.reliability) and leave the
+        excluded ones out of the parameter average and the teachers, down-weight the doubtful
+        ones, cap claimed n_samples. None (default) = on for adaptive, off for the paper's
+        methods (they reproduce the paper, which has no defence).
+    aggregate : the parameter average θ_{t+1}: 'mean' (weighted by n_samples, the paper),
+        'median' (coordinate-wise) or 'trimmed:β' (coordinate-wise trimmed mean), see
+        mrtf.averaging.aggregate_states.
     """
 
     method: str = "adaptive"
@@ -70,6 +78,8 @@ class RefineConfig:
     inference_batch: int = 1024
     stack: str = "auto"
     class_prior: str = "learned"
+    trust: bool | None = None
+    aggregate: str = "mean"
 
     def validate(self) -> None:
         def bad(cond: bool, msg: str) -> None:
@@ -92,4 +102,8 @@ class RefineConfig:
         bad(self.class_prior != "learned" and self.method != "adaptive",
             f"--class-prior {self.class_prior} applies to the adaptive method only, not "
             f"{self.method}")
+        try:
+            parse_aggregate(self.aggregate)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
 

@@ -26,6 +26,7 @@ from mrtf.refinery.config import METHOD_SPECS, METHODS, REF_STD_BATCH, VARIANTS,
 from mrtf.refinery.distill import distill
 from mrtf.refinery.rectify import U_FALLBACK, rectified_targets, u_t
 from mrtf.refinery.teachers import (
+    TeacherOutputs,
     _softmax_np,
     avg_logit,
     avg_prob,
@@ -49,6 +50,9 @@ class RefineResult:
     averaged_probs: np.ndarray
     info: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    #: calibrated confidence of the labels and the label-free accuracy estimate
+    #: (mrtf.trust.calibration.Calibration); None only if it could not be computed
+    calibration: Any = None
 
 
 def accuracy_of(probs: np.ndarray, y: np.ndarray) -> float:
@@ -137,7 +141,7 @@ def _plan(received, source, config: RefineConfig, student: nn.Module | None,
                      "predictions stand for both θ_t and θ_{t+1} in self-teaching (Eq. 10) and "
                      "its features are used for the clustered label refinery")
     else:
-        agg, _ = average_received(locals_r)
+        agg, _ = average_received(locals_r, aggregate=config.aggregate)
         agg = agg.to(dev)
         glob = received.by_role("global")
         if glob:
@@ -202,14 +206,15 @@ def ensemble_targets(logits: np.ndarray, num_local: int, config: RefineConfig, u
 
 
 def _targets(plan: _Plan, logits: np.ndarray, feats: np.ndarray | None, config: RefineConfig,
-             u: float, skip_clr: bool, self_probs: np.ndarray) -> tuple[np.ndarray, dict]:
+             u: float, skip_clr: bool, self_probs: np.ndarray,
+             factors: list[float] | None = None) -> tuple[np.ndarray, dict]:
     """Distillation targets (M, C) for the method, and what went into them (``clr`` seconds;
     for adaptive the per-source trust)."""
     if config.method == "adaptive":
         t0 = time.perf_counter()
         probs = np.concatenate([q for _, q in _stabilized_blocks(logits, config)], axis=1)
         out = adaptive_targets(probs, plan.names, self_probs, feats, config.seed,
-                               len(plan.locals_), config.class_prior)
+                               len(plan.locals_), config.class_prior, factors)
         return out.targets, {"clr": time.perf_counter() - t0, "adaptive": out}
     targets = ensemble_targets(logits, len(plan.locals_), config, u)
     if not METHOD_SPECS[config.method].features or skip_clr or config.clr_iterations == 0:
@@ -236,18 +241,28 @@ def refine(received, source, config: RefineConfig | None = None,
     spec = METHOD_SPECS[config.method]
     plan = _plan(received, source, config, student, dev)
     timings: dict[str, float] = {"teachers": 0.0, "clr": 0.0, "distill": 0.0, "predict": 0.0}
-    u = u_t([m.meta.train_loss for m in newest_locals(received)], received.num_classes)
+    t0 = time.perf_counter()
+    trusted = _apply_trust(plan, received, source, config, dev, student is not None) \
+        if _trust_on(config) else None
+    used = newest_locals(received) if trusted is None else trusted.kept
+    u = u_t([m.meta.train_loss for m in used], received.num_classes)
     notes, skip_clr = _notes(received, plan, config)
     self_model = plan.agg if plan.agg is not None else plan.student
     teachers = [] if spec.teachers == "none" else list(plan.locals_)
     if spec.teachers == "all":
         teachers += ([plan.start] if plan.start is not None else []) + [self_model]
-    t0 = time.perf_counter()
     out = None
     if teachers:
         feats_of = self_model if spec.features and not skip_clr else None
-        out = teacher_logits(teachers, source, config.inference_batch, dev, feats_of,
-                             config.stack, progress=config.progress)
+        done = 0 if trusted is None else len(plan.locals_)  # the local models ran already
+        out = teacher_logits(teachers[done:], source, config.inference_batch, dev, feats_of,
+                             config.stack, progress=config.progress) \
+            if len(teachers) > done else None
+        if done:
+            local = trusted.logits
+            out = TeacherOutputs(local, None, 0, 0, 0) if out is None else \
+                TeacherOutputs(np.concatenate([local, out.logits]), out.features,
+                               out.stacked_groups, out.looped_groups, out.fast_groups)
     if out is not None:
         _check_finite(out.logits)
     if out is not None and teachers[-1] is self_model:
@@ -257,11 +272,16 @@ def refine(received, source, config: RefineConfig | None = None,
     timings["teachers"] = time.perf_counter() - t0
     student_model = _live_start(plan, before, config, notes, student is not None)
     extra: dict[str, Any] = {}
+    signals = None
     if out is None:  # fedavg: θ_{t+1} as it is
         model, targets = self_model.eval(), before
     else:
-        targets, extra = _targets(plan, out.logits, out.features, config, u, skip_clr, before)
+        factors = None if trusted is None else trusted.factors + [1.0] * (len(teachers)
+                                                                          - len(plan.locals_))
+        targets, extra = _targets(plan, out.logits, out.features, config, u, skip_clr, before,
+                                  factors)
         timings["clr"] = extra.pop("clr")
+        signals = _signals(out.logits[:len(plan.locals_)], before, targets)
         out.logits = out.features = None  # free (K, M, C) before distilling
         t0 = time.perf_counter()
         model = distill(student_model, source, targets, config.steps, config.batch_size,
@@ -275,7 +295,93 @@ def refine(received, source, config: RefineConfig | None = None,
             "notes": notes, "config": asdict(config)}
     if "adaptive" in extra:
         info.update(_trust_info(extra["adaptive"], probs, before))
-    return RefineResult(model.eval(), probs, targets, before, info, timings)
+    cal = _calibration(probs, signals)
+    # the label-free estimate of the labels' accuracy (mrtf.trust.calibration); the
+    # consensus' own view, optimistic where the models are weak, stays under "consensus_view"
+    info["estimated_accuracy"] = {
+        "refined": cal.estimated_accuracy, "plus_minus": cal.plus_minus, "method": cal.method,
+        "averaged": None if signals is None else _calibration(before, signals)
+        .estimated_accuracy, "consensus_view": info.get("estimated_accuracy")}
+    info["calibration"] = cal.attrs()
+    if trusted is not None:
+        info["reliability"] = [p.to_dict() for p in trusted.report.parties]
+        info["verdicts"] = [p.line() for p in trusted.report.parties]
+        info["aggregate"] = config.aggregate
+    return RefineResult(model.eval(), probs, targets, before, info, timings, cal)
+
+
+def _signals(local_logits: np.ndarray, before: np.ndarray, targets: np.ndarray):
+    """Label-free evidence for the calibrated confidence, kept before the logits are freed."""
+    from mrtf.trust.calibration import Signals
+
+    if len(local_logits) == 0:
+        return None
+    return Signals.from_logits(local_logits, before, targets)
+
+
+def _calibration(probs: np.ndarray, signals):
+    from mrtf.trust.calibration import calibrate, uncalibrated
+
+    if signals is None:
+        return uncalibrated(probs, why="no teachers ran (method fedavg), so there are no "
+                                       "signals to calibrate with")
+    return calibrate(probs, signals)
+
+
+def _trust_on(config: RefineConfig) -> bool:
+    return config.method == "adaptive" if config.trust is None else bool(config.trust)
+
+
+@dataclass
+class _Trusted:
+    """What the reliability check left: the kept local models (ReceivedModel), their target
+    logits (K', M, C), their consensus factors, and the full report."""
+
+    kept: list
+    logits: np.ndarray
+    factors: list[float]
+    report: Any
+
+
+def _apply_trust(plan: _Plan, received, source, config: RefineConfig, dev: torch.device,
+                 student_given: bool) -> _Trusted:
+    """Measure every local model on the target set (mrtf.trust.reliability), leave the
+    excluded ones out of the teachers and rebuild θ_{t+1} from the others with capped,
+    verdict-scaled weights and ``config.aggregate``. Changes ``plan`` in place."""
+    from mrtf.trust.reliability import assess
+
+    locals_r = newest_locals(received)
+    out = teacher_logits(plan.locals_, source, config.inference_batch, dev, None,
+                         config.stack, progress=config.progress)
+    _check_finite(out.logits)
+    k = len(locals_r)
+    report = assess(plan.names[:k], out.logits,
+                    None if plan.heterogeneous else [m.state_dict for m in locals_r],
+                    [m.meta.n_samples for m in locals_r], [m.meta.train_loss for m in locals_r])
+    keep = [i for i in range(k) if i not in report.excluded]
+    if not keep:  # nobody left to learn from: keep everyone, and say so
+        keep = list(range(k))
+        report.notes.append("every party was flagged for exclusion; all are kept")
+    for p in report.parties:
+        if p.verdict != "trusted":
+            plan.notes.append(f"party {p.line()}")
+    if len(keep) < k or any(p.verdict != "trusted" for p in report.parties) or \
+            config.aggregate != "mean":
+        if not plan.heterogeneous:
+            w = [report.weights[i] for i in keep]
+            if sum(w) <= 0:
+                w = [1.0] * len(keep)
+            agg, _ = average_received([locals_r[i] for i in keep], weights=w,
+                                      aggregate=config.aggregate)
+            plan.agg = agg.to(dev)
+            if not student_given:
+                plan.student = copy.deepcopy(plan.agg)
+    plan.locals_ = [plan.locals_[i] for i in keep]
+    plan.names = [plan.names[i] for i in keep] + plan.names[k:]
+    # a claim of a party not trusted is not used for u_t either (st+rd, mrtf)
+    kept = [locals_r[i] for i in keep if report.parties[i].verdict == "trusted"] or \
+        [locals_r[i] for i in keep]
+    return _Trusted(kept, out.logits[keep], [report.parties[i].factor for i in keep], report)
 
 
 def _check_finite(logits: np.ndarray) -> None:
@@ -304,7 +410,7 @@ def _live_start(plan: _Plan, before: np.ndarray, config: RefineConfig, notes: li
 def _notes(received, plan: _Plan, config: RefineConfig) -> tuple[list[str], bool]:
     """What the output should say about the inputs, and whether MrTF's CLR is skipped."""
     notes = list(plan.notes)
-    older = len(received.by_role("local")) - len(plan.locals_)
+    older = len(received.by_role("local")) - len(newest_locals(received))
     if older:
         notes.append(f"{older} local models of earlier rounds are not teachers (only the "
                      "newest round's models are S_t)")

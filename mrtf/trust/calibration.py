@@ -1,0 +1,200 @@
+"""Calibrated confidence and a label-free accuracy estimate for the refinery's labels.
+
+The refined model's max probability is no probability of being right: distillation to a
+consensus that is ≥ 0.95 sure makes it ≥ 0.9 sure on cross-domain targets where it is right
+0.3-0.5 of the time (docs/results.md). The confidence written to the labels file is instead
+
+    conf(x) = σ(w · φ(x) + b),
+
+a logistic model of "the label of x is right" on **label-free signals** φ(x) that the
+refinery has anyway: the refined model's and the consensus' probability of the label, the
+share of the parties' models that vote for it, their average probability of it, whether the
+parties' ensemble and the parameter average θ_{t+1} name it, θ_{t+1}'s probability of it, and
+four cell-level signals (the parties' mean confidence on the target set, i.e. how familiar
+the target looks to them; how often two parties agree; how often the ensemble and θ_{t+1}
+agree with the labels). w and b (:data:`COEF`) were fitted once, with labels, on the 24
+received sets of the label-quality grid (bench/calibration.py) — as the default method was
+chosen on that grid — and are fixed: at run time nothing reads ``y``. The estimated accuracy
+of the labels is the mean calibrated confidence; its ± is the larger of the sampling error
+and the grid's leave-one-scenario-out error (:data:`GRID_ERROR`).
+
+For ``mrtf label`` (one model, no parties) the refined model carries a temperature T (its
+bundle's ``mrtf.calibration``), chosen at refine time so that its max probability at T has the
+calibrated confidence's mean; ``label`` applies T.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+#: feature names, in the order of COEF (per sample, then per cell); logit(p) = log p/(1-p)
+FEATURES = ("logit refined p(label)", "logit consensus p(label)", "vote share of label",
+            "logit parties' mean p(label)", "ensemble names label", "logit θ_{t+1} p(label)",
+            "θ_{t+1} names label", "cell: logit parties' mean confidence",
+            "cell: pairwise party agreement", "cell: ensemble agrees with labels",
+            "cell: θ_{t+1} agrees with labels", "cell: logit refined mean confidence")
+#: fitted on the 24 received sets of the label-quality grid (adaptive, seed 0, 1,000 samples
+#: each; ``python bench/calibration.py --fit --C 0.05``, L2 C = 0.05: the C with the smallest
+#: leave-one-scenario-out error of 0.05, 1, 10); the last entry is b
+COEF: tuple[float, ...] = (0.2685, -0.0015, -0.0409, 0.2940, 0.6362, 0.1487, -0.3274, 0.4668,
+                           -1.5001, 0.8170, -1.1914, 0.6735, -3.1317)
+#: leave-one-scenario-out RMS error of the estimate on that grid (max 0.143): the honest ±
+GRID_ERROR = 0.077
+
+
+def _logit(p: np.ndarray | float) -> np.ndarray:
+    p = np.clip(np.asarray(p, dtype=np.float64), 1e-4, 1 - 1e-4)
+    return np.log(p / (1 - p))
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits.astype(np.float64)
+    z -= z.max(-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(-1, keepdims=True)
+
+
+@dataclass
+class Signals:
+    """Label-free evidence about every class of every sample, kept from the teachers' pass
+    (so the (K, M, C) logits can be freed before distillation).
+
+    votes (M, C): share of the local models whose argmax is c. mean_prob (M, C): their mean
+    softmax. ensemble (M,): argmax of mean_prob. averaged (M, C): θ_{t+1}'s softmax (or the
+    student's). consensus (M, C): the distillation targets. local_confidence: the local
+    models' mean max softmax on the target set. pairwise_agreement: how often two local
+    models give the same label (mean over pairs)."""
+
+    votes: np.ndarray
+    mean_prob: np.ndarray
+    averaged: np.ndarray
+    consensus: np.ndarray
+    local_confidence: float
+    pairwise_agreement: float
+
+    @classmethod
+    def from_logits(cls, local_logits: np.ndarray, averaged: np.ndarray,
+                    consensus: np.ndarray) -> Signals:
+        """local_logits (K, M, C) of the local models; averaged, consensus (M, C)."""
+        k, m, c = local_logits.shape
+        votes = np.zeros((m, c), dtype=np.float32)
+        mean = np.zeros((m, c), dtype=np.float64)
+        picks = []
+        conf = 0.0
+        for i in range(k):  # one model at a time: no (K, M, C) float64 temporary
+            p = _softmax(local_logits[i])
+            pick = p.argmax(1)
+            votes[np.arange(m), pick] += 1.0 / k
+            mean += p / k
+            conf += float(p.max(1).mean()) / k
+            picks.append(pick)
+        pairs = [(picks[i] == picks[j]).mean() for i in range(k) for j in range(i + 1, k)]
+        return cls(votes, mean.astype(np.float32), np.asarray(averaged, np.float32),
+                   np.asarray(consensus, np.float32), conf,
+                   float(np.mean(pairs)) if pairs else 1.0)
+
+
+def features(probs: np.ndarray, s: Signals) -> np.ndarray:
+    """φ(x) (M, len(FEATURES)) for the labels argmax(probs)."""
+    probs = np.asarray(probs)
+    m = len(probs)
+    idx = np.arange(m)
+    yh = probs.argmax(1)
+    ens = (s.mean_prob.argmax(1) == yh).astype(np.float64)
+    tha = (s.averaged.argmax(1) == yh).astype(np.float64)
+    per = np.stack([_logit(probs.max(1)), _logit(s.consensus[idx, yh]), s.votes[idx, yh],
+                    _logit(s.mean_prob[idx, yh]), ens, _logit(s.averaged[idx, yh]), tha], 1)
+    cell = np.array([_logit(s.local_confidence), s.pairwise_agreement, ens.mean(), tha.mean(),
+                     _logit(probs.max(1).mean())])
+    return np.concatenate([per, np.broadcast_to(cell, (m, len(cell)))], 1)
+
+
+@dataclass
+class Calibration:
+    """confidence (M,): P(label right) under the calibrator. estimated_accuracy: its mean;
+    plus_minus: the ± of that estimate. temperature: T with mean max softmax(log p / T) =
+    estimated_accuracy (for ``mrtf label``). method: how it was obtained."""
+
+    confidence: np.ndarray
+    estimated_accuracy: float
+    plus_minus: float
+    temperature: float
+    method: str
+    notes: list[str] = field(default_factory=list)
+
+    def attrs(self) -> dict[str, Any]:
+        """What the labels file's ``calibration`` attribute records."""
+        d = asdict(self)
+        d.pop("confidence")
+        return d
+
+    def line(self) -> str:
+        return (f"estimated accuracy {self.estimated_accuracy:.3f} "
+                f"(±{self.plus_minus:.3f}; label-free, {self.method})")
+
+
+def plus_minus(estimate: float, m: int, grid_error: float = GRID_ERROR) -> float:
+    """± of an accuracy estimate on m samples: 2 binomial standard errors, or the grid's
+    leave-one-scenario-out error when that is larger."""
+    sampling = 2 * math.sqrt(max(estimate * (1 - estimate), 1e-6) / max(m, 1))
+    return float(max(sampling, grid_error))
+
+
+def temperature_for(probs: np.ndarray, target_mean: float) -> float:
+    """T such that mean_x max softmax(log p(x) / T) = target_mean (bisection on log T; the
+    mean max probability falls as T grows). Clipped to [0.05, 100]."""
+    logp = np.log(np.clip(np.asarray(probs, dtype=np.float64), 1e-12, 1.0))
+    c = logp.shape[1]
+    target = float(np.clip(target_mean, 1.0 / c + 1e-6, 1 - 1e-6))
+
+    def mean_max(t: float) -> float:
+        return float(_softmax(logp / t).max(1).mean())
+
+    lo, hi = math.log(0.05), math.log(100.0)
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        if mean_max(math.exp(mid)) > target:
+            lo = mid
+        else:
+            hi = mid
+    return float(math.exp((lo + hi) / 2))
+
+
+def apply_temperature(probs: np.ndarray, temperature: float) -> np.ndarray:
+    """max softmax(log p / T) per row: the confidence ``mrtf label`` writes."""
+    logp = np.log(np.clip(np.asarray(probs, dtype=np.float64), 1e-12, 1.0))
+    return _softmax(logp / float(temperature)).max(1).astype(np.float32)
+
+
+def calibrate(probs: np.ndarray, signals: Signals,
+              coef: tuple[float, ...] | np.ndarray = COEF) -> Calibration:
+    """Calibrated confidence of the labels argmax(probs) from label-free ``signals``."""
+    w = np.asarray(coef, dtype=np.float64)
+    z = features(probs, signals) @ w[:-1] + w[-1]
+    conf = (1.0 / (1.0 + np.exp(-z))).astype(np.float32)
+    est = float(conf.mean())
+    return Calibration(conf, est, plus_minus(est, len(conf)), temperature_for(probs, est),
+                       "grid-fitted logistic model of label-free signals")
+
+
+def uncalibrated(probs: np.ndarray, temperature: float | None = None,
+                 why: str = "the model carries no calibration (mrtf.calibration)"
+                 ) -> Calibration:
+    """Confidence of one model alone (``mrtf label``; ``refine --method fedavg``, which has no
+    teachers): its max probability at ``temperature`` (the refined model's, from its bundle)
+    or as it is, said so with ``why``."""
+    if temperature is None:
+        conf = np.asarray(probs, dtype=np.float32).max(1)
+        est = float(conf.mean())
+        return Calibration(conf, est, plus_minus(est, len(conf)), 1.0,
+                           "the model's max probability, uncalibrated",
+                           [f"{why}: its confidence and this estimate are its own max "
+                            "probability, usually optimistic"])
+    conf = apply_temperature(probs, temperature)
+    est = float(conf.mean())
+    return Calibration(conf, est, plus_minus(est, len(conf)), float(temperature),
+                       f"temperature {temperature:.3g} set when the model was refined")

@@ -1,0 +1,309 @@
+"""Party reliability measured on the pilot party's own unlabeled target data (issue 13).
+
+The pilot party cannot audit the parties that send it models, but it can watch every received
+model behave on its target set. For each local model this module measures
+
+- **agreement**: how often its label is the leave-one-out consensus' label (the others'
+  AvgProb, Eq. 7, without it), and **mapped agreement**: the same after renaming each of its
+  classes to the consensus class it most often stands for. A label-flipped party (trained on
+  y + 1) agrees almost never but maps almost perfectly, with many classes moved: its
+  predictions are a relabelling;
+- its **prediction histogram** against the leave-one-out consensus' (total variation);
+- its **confidence profile** (mean max softmax probability);
+- its **weight-space distance** from the coordinate-wise median of the parties' weights,
+  relative to the median party's distance, and its weight norm relative to the median norm
+  (random weights, weights × 100);
+- its **claims** (``n_samples``, ``train_loss``) against the others' and against its behaviour:
+  a claim alone never buys more than :data:`CLAIM_CAP` × the median party's averaging weight.
+
+and gives a verdict: ``trusted``, ``down-weighted`` (averaging and ensemble weight ×
+:data:`DOWN_WEIGHT`) or ``excluded`` (left out of the parameter average and the ensemble), with
+the reasons. The target's ``y`` is never read. The thresholds were set on the 26 clean received
+sets of the label-quality grid (none flagged there) and the poisoned sets of bench/poison.py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from scipy.optimize import linear_sum_assignment
+
+#: a claimed n_samples above CLAIM_CAP × the median claim is capped there (averaging weight)
+CLAIM_CAP = 3.0
+#: averaging / ensemble weight factor of a down-weighted party
+DOWN_WEIGHT = 0.5
+#: weight-space outlier: distance from the median > WEIGHT_DIST_MAX × the median distance, or
+#: a weight norm outside [1 / WEIGHT_NORM_MAX, WEIGHT_NORM_MAX] × the median norm
+WEIGHT_DIST_MAX = 4.0
+WEIGHT_NORM_MAX = 3.0
+#: relabelling: mapped agreement exceeds agreement by RELABEL_GAP and agreement is below half
+#: the mapped agreement
+RELABEL_GAP = 0.3
+#: ... and the one-to-one renaming moves at least RELABEL_MOVED × C classes (≥ 3) and explains
+#: at least RELABEL_MAPPED of the samples
+RELABEL_MOVED = 0.4
+RELABEL_MAPPED = 0.5
+#: disagreement outlier: agreement below AGREE_FRACTION × the median party's agreement and a
+#: robust z-score below -AGREE_Z, judged only with ≥ AGREE_MIN_PARTIES parties whose median
+#: agreement is ≥ AGREE_MIN_MEDIAN (when the parties hardly agree among themselves, weak or
+#: narrow models on a shifted domain, disagreeing is no evidence of poison)
+AGREE_FRACTION = 0.5
+AGREE_Z = 3.0
+AGREE_MIN_PARTIES = 5
+AGREE_MIN_MEDIAN = 0.3
+#: a claimed train_loss below LOSS_FRACTION × the median claim is "implausibly low" when the
+#: party's agreement is also below the median party's
+LOSS_FRACTION = 0.1
+
+#: a claimed train_loss below this (cross-entropy, e.g. exactly 0) is no real training loss
+ZERO_LOSS = 1e-6
+
+VERDICTS = ("trusted", "down-weighted", "excluded")
+
+
+@dataclass
+class PartyReliability:
+    """What the target set says about one received local model.
+
+    name: the party. agreement: fraction of target samples where its label equals the
+    leave-one-out consensus' label. mapped_agreement: the same after the best one-to-one
+    renaming of its classes (Hungarian); moved_classes: how many classes (each ≥ 2 % of the
+    samples) that renaming moves. histogram_tv: total variation
+    between its predicted-class histogram and the leave-one-out consensus'. confidence: mean
+    max softmax probability. weight_distance: ‖θ_k − median‖ / the median party's distance
+    (None when the parties' architectures differ or fewer than 3 share it). weight_norm: ‖θ_k‖ /
+    the median norm (None likewise). claimed_samples, claimed_loss: its metadata.
+    weight: its share of the parameter average (0 when excluded; claims capped).
+    verdict: 'trusted' | 'down-weighted' | 'excluded'. reasons: why, in words.
+    """
+
+    name: str
+    agreement: float
+    mapped_agreement: float
+    moved_classes: int
+    histogram_tv: float
+    confidence: float
+    weight_distance: float | None
+    weight_norm: float | None
+    claimed_samples: int | None
+    claimed_loss: float | None
+    weight: float = 0.0
+    verdict: str = "trusted"
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def factor(self) -> float:
+        """Multiplier of its ensemble / consensus weight (1, DOWN_WEIGHT or 0)."""
+        return {"trusted": 1.0, "down-weighted": DOWN_WEIGHT, "excluded": 0.0}[self.verdict]
+
+    def line(self) -> str:
+        why = f" ({'; '.join(self.reasons)})" if self.reasons else ""
+        return f"{self.name}: {self.verdict}{why}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class ReliabilityReport:
+    """parties: one PartyReliability per local model, in the order given. weights: the
+    parameter-average weights (sum 1 over the parties not excluded). notes: what was not
+    measured and why."""
+
+    parties: list[PartyReliability]
+    weights: list[float]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def excluded(self) -> list[int]:
+        return [i for i, p in enumerate(self.parties) if p.verdict == "excluded"]
+
+    @property
+    def flagged(self) -> list[PartyReliability]:
+        return [p for p in self.parties if p.verdict != "trusted"]
+
+    def factors(self) -> list[float]:
+        return [p.factor for p in self.parties]
+
+    def rows(self) -> list[list[Any]]:
+        """Table rows for the CLI (party, agreement, mapped, hist TV, confidence, weight
+        distance, norm, claimed n, claimed loss, avg weight, verdict, why)."""
+        def f(v: float | None, fmt: str = ".3f") -> str:
+            return "-" if v is None else format(v, fmt)
+
+        return [[p.name, f(p.agreement), f(p.mapped_agreement), f(p.histogram_tv),
+                 f(p.confidence), f(p.weight_distance, ".2f"), f(p.weight_norm, ".2f"),
+                 "-" if p.claimed_samples is None else p.claimed_samples, f(p.claimed_loss),
+                 f(p.weight), p.verdict, "; ".join(p.reasons) or "-"] for p in self.parties]
+
+    HEADER = ["party", "agree", "mapped", "hist TV", "conf", "w-dist", "w-norm", "claims n",
+              "claims loss", "avg weight", "verdict", "why"]
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits.astype(np.float64)
+    z -= z.max(-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(-1, keepdims=True)
+
+
+def behaviour(probs: np.ndarray) -> list[dict[str, float]]:
+    """Agreement, mapped agreement, histogram TV and confidence of each of the K models
+    (probs (K, M, C) softmax) against the leave-one-out AvgProb of the others."""
+    k, m, c = probs.shape
+    total = probs.sum(0)
+    picks = probs.argmax(2)
+    out = []
+    for i in range(k):
+        loo = (total - probs[i]) / max(1, k - 1) if k > 1 else probs[i]
+        ref = loo.argmax(1)
+        joint = np.zeros((c, c))
+        np.add.at(joint, (picks[i], ref), 1.0)
+        hist_k = np.bincount(picks[i], minlength=c) / m
+        hist_ref = np.bincount(ref, minlength=c) / m
+        rows, cols = linear_sum_assignment(-joint)  # the best one-to-one renaming
+        # classes the renaming moves, each carrying ≥ 2 % of the samples: a relabelling moves
+        # many classes; a weak or narrow model "moves" at most one or two
+        moved = int(sum(joint[r, c_] >= 0.02 * m for r, c_ in zip(rows, cols) if r != c_))
+        out.append({"agreement": float((picks[i] == ref).mean()),
+                    "mapped_agreement": float(joint[rows, cols].sum() / m),
+                    "moved_classes": moved,
+                    "histogram_tv": float(0.5 * np.abs(hist_k - hist_ref).sum()),
+                    "confidence": float(probs[i].max(1).mean())})
+    return out
+
+
+def weight_geometry(states: Sequence[dict[str, torch.Tensor]]
+                    ) -> tuple[list[float], list[float]] | None:
+    """(distance from the coordinate-wise median / median distance, norm / median norm) per
+    state dict; None when fewer than 3 or their keys / shapes differ."""
+    if len(states) < 3:
+        return None
+    keys = list(states[0])
+    if any(list(s) != keys or any(s[n].shape != states[0][n].shape for n in keys)
+           for s in states):
+        return None
+    flat = torch.stack([torch.cat([s[n].detach().double().flatten() for n in keys
+                                   if s[n].is_floating_point()]) for s in states])
+    med = flat.median(0).values
+    dist = (flat - med).norm(dim=1)
+    norm = flat.norm(dim=1)
+    d0 = float(dist.median()) or 1e-12
+    n0 = float(norm.median()) or 1e-12
+    return [float(d) / d0 for d in dist], [float(n) / n0 for n in norm]
+
+
+def _robust_z(values: np.ndarray) -> np.ndarray:
+    med = np.median(values)
+    mad = 1.4826 * np.median(np.abs(values - med))
+    return (values - med) / max(mad, 0.02)  # a floor: identical clean parties have MAD ~0
+
+
+def assess(names: Sequence[str], logits: np.ndarray,
+           states: Sequence[dict[str, torch.Tensor]] | None = None,
+           n_samples: Sequence[int | None] | None = None,
+           train_losses: Sequence[float | None] | None = None) -> ReliabilityReport:
+    """Reliability of K local models from their target logits (K, M, C) (and, optionally,
+    their weights and claims). Never reads labels.
+
+    names: the parties. states: their state dicts (weight-space checks when ≥ 3 share one
+    architecture). n_samples, train_losses: what they claim (None where not claimed).
+    """
+    k = len(names)
+    logits = np.asarray(logits)
+    if logits.shape[0] != k:
+        raise ValueError(f"{k} names but logits for {logits.shape[0]} models")
+    n_samples = list(n_samples) if n_samples is not None else [None] * k
+    train_losses = list(train_losses) if train_losses is not None else [None] * k
+    probs = _softmax(logits)
+    beh = behaviour(probs)
+    geo = weight_geometry(states) if states is not None else None
+    notes = []
+    if geo is None:
+        notes.append("weight-space checks skipped (fewer than 3 parties of one architecture)")
+    parties = [PartyReliability(names[i], **beh[i],
+                                weight_distance=None if geo is None else geo[0][i],
+                                weight_norm=None if geo is None else geo[1][i],
+                                claimed_samples=n_samples[i], claimed_loss=train_losses[i])
+               for i in range(k)]
+    if k < 3:
+        notes.append(f"only {k} local models: too few to tell an outlier; all trusted")
+        return ReliabilityReport(parties, _avg_weights(parties), notes)
+    agree = np.array([p.agreement for p in parties])
+    z = _robust_z(agree)
+    med_agree = float(np.median(agree))
+    min_moved = max(3, math.ceil(RELABEL_MOVED * logits.shape[2]))
+    for i, p in enumerate(parties):
+        excl, down = [], []
+        if p.weight_distance is not None and p.weight_distance > WEIGHT_DIST_MAX:
+            excl.append(f"weights {p.weight_distance:.1f}× the median party's distance "
+                        "from the median")
+        if p.weight_norm is not None and not (1 / WEIGHT_NORM_MAX <= p.weight_norm
+                                              <= WEIGHT_NORM_MAX):
+            excl.append(f"weight norm {p.weight_norm:.2g}× the median party's")
+        if p.mapped_agreement - p.agreement > RELABEL_GAP and \
+                p.agreement < 0.5 * p.mapped_agreement and \
+                p.mapped_agreement >= RELABEL_MAPPED and p.moved_classes >= min_moved:
+            excl.append(f"its labels are a relabelling of the others' (agrees "
+                        f"{p.agreement:.2f}, {p.mapped_agreement:.2f} after renaming classes)")
+        elif k >= AGREE_MIN_PARTIES and med_agree >= AGREE_MIN_MEDIAN and \
+                p.agreement < AGREE_FRACTION * med_agree and z[i] < -AGREE_Z:
+            down.append(f"agrees with the others on {p.agreement:.2f} of the samples "
+                        f"(median party {med_agree:.2f})")
+        loss = p.claimed_loss
+        losses = [v for v in train_losses if v is not None]
+        if loss is not None and loss < ZERO_LOSS:
+            down.append(f"claims train_loss {loss:.3g}, which no trained classifier reaches "
+                        "on real data: its loss is not used")
+        elif loss is not None and len(losses) >= 3 and \
+                loss < LOSS_FRACTION * float(np.median(losses)) and p.agreement < med_agree:
+            down.append(f"claims train_loss {loss:.3g} (median claim "
+                        f"{float(np.median(losses)):.3g}) but agrees with the others less "
+                        "than the median party: its loss is not used")
+        p.reasons = excl + down
+        p.verdict = "excluded" if excl else "down-weighted" if down else "trusted"
+    _cap_claims(parties)
+    return ReliabilityReport(parties, _avg_weights(parties), notes)
+
+
+def _cap_claims(parties: list[PartyReliability]) -> None:
+    """A claimed n_samples above CLAIM_CAP × the median claim is named (and capped in
+    :func:`_avg_weights`): a claim alone cannot dominate the average."""
+    claims = [p.claimed_samples for p in parties]
+    if not all(isinstance(c, int) and c > 0 for c in claims):
+        return
+    cap = CLAIM_CAP * float(np.median(claims))
+    for p in parties:
+        if p.claimed_samples > cap:
+            p.reasons.append(f"claims {p.claimed_samples:,} samples, "
+                             f"{p.claimed_samples / (cap / CLAIM_CAP):.0f}× the median claim: "
+                             f"its averaging weight is capped at {CLAIM_CAP:g}× the median")
+            if p.verdict == "trusted":
+                p.verdict = "down-weighted"
+
+
+def _avg_weights(parties: list[PartyReliability]) -> list[float]:
+    """Parameter-average weights: claimed n_samples (capped at CLAIM_CAP × the median claim)
+    when every party claims one, else uniform; × the verdict's factor; normalised."""
+    claims = [p.claimed_samples for p in parties]
+    if all(isinstance(c, int) and c > 0 for c in claims):
+        cap = CLAIM_CAP * float(np.median(claims))
+        base = [min(float(c), cap) for c in claims]
+    else:
+        base = [1.0] * len(parties)
+    # a capped claim is a claim, not misbehaviour: its weight is the cap, not also halved
+    raw = [b * (1.0 if p.verdict == "down-weighted" and all("claims" in r and "samples" in r
+                                                             for r in p.reasons)
+                else p.factor) for b, p in zip(base, parties)]
+    total = math.fsum(raw)
+    if total <= 0:  # every party excluded: fall back to the capped claims, said by the caller
+        raw, total = base, math.fsum(base)
+    weights = [r / total for r in raw]
+    for p, w in zip(parties, weights):
+        p.weight = w
+    return weights

@@ -1,0 +1,131 @@
+"""mrtf.trust: calibrated confidence, label-free estimate, selective labeling, and the CLI
+options of issue 13 (one line and exit 2 for bad values; shuffled y changes nothing)."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from mrtf.cli.main import cli
+from mrtf.io import H5Dataset, load_received, read_labels
+from mrtf.refinery import RefineConfig, refine
+from mrtf.trust.calibration import Signals, apply_temperature, calibrate, temperature_for
+from mrtf.trust.metrics import ece
+from mrtf.trust.selective import risk_coverage, select
+
+
+def _cli(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def _signals(seed=0, m=200, c=5, k=4):
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(0, 2, (k, m, c)).astype(np.float32)
+    avg = np.exp(logits.mean(0)) / np.exp(logits.mean(0)).sum(1, keepdims=True)
+    return Signals.from_logits(logits, avg, avg), avg
+
+
+def test_calibrated_confidence_is_a_probability_and_estimate_its_mean():
+    s, probs = _signals()
+    cal = calibrate(probs, s)
+    assert cal.confidence.shape == (200,)
+    assert ((cal.confidence > 0) & (cal.confidence < 1)).all()
+    assert cal.estimated_accuracy == pytest.approx(float(cal.confidence.mean()), abs=1e-6)
+    assert cal.plus_minus >= 0.05
+    t = temperature_for(probs, 0.6)
+    assert apply_temperature(probs, t).mean() == pytest.approx(0.6, abs=2e-3)
+
+
+def test_temperature_for_is_monotone():
+    _, probs = _signals()
+    assert temperature_for(probs, 0.9) < temperature_for(probs, 0.5)
+
+
+def test_ece_and_risk_coverage():
+    conf = np.array([0.9, 0.9, 0.6, 0.6])
+    ok = np.array([1, 1, 1, 0], bool)
+    assert ece(conf, ok) == pytest.approx(0.5 * 0.1 + 0.5 * 0.1)
+    cov, acc = risk_coverage(conf, ok, points=4)
+    assert acc[-1] == 0.75 and acc[0] == 1.0
+
+
+def test_select():
+    conf = np.array([0.5, 0.95, 0.7, 0.95, 0.1])
+    sel = select(conf, coverage=0.6)
+    assert sel.abstained.tolist() == [True, False, False, False, True]
+    assert select(conf, min_confidence=0.9).abstained.sum() == 3
+    assert select(conf) is None
+
+
+def test_refine_estimate_and_calibration_never_read_y(digits_federation, tmp_path):
+    received, target, _ = digits_federation
+    shuffled = tmp_path / "shuffled.h5"
+    with h5py.File(target) as src, h5py.File(shuffled, "w") as dst:
+        for key in src:
+            src.copy(key, dst)
+        y = dst["y"][:]
+        dst["y"][:] = np.random.default_rng(0).permutation(y)
+    rs = load_received(received)
+    cfg = RefineConfig(steps=5, seed=0, progress=False)
+    with H5Dataset(target) as a:
+        ra = refine(rs, a, cfg)
+    with H5Dataset(shuffled) as b:
+        rb = refine(rs, b, cfg)
+    np.testing.assert_array_equal(ra.calibration.confidence, rb.calibration.confidence)
+    assert ra.info["estimated_accuracy"] == rb.info["estimated_accuracy"]
+
+
+def test_cli_refine_label_score_selective(digits_federation, tmp_path):
+    received, target, _ = digits_federation
+    labels, model = tmp_path / "l.h5", tmp_path / "m.safetensors"
+    r = _cli("refine", received, "--data", target, "--labels", labels, "--model", model,
+             "--steps", 5, "--coverage", 0.8)
+    assert r.exit_code == 0, r.output
+    assert "estimated accuracy" in r.output and "parties flagged" in r.output
+    ls = read_labels(labels)
+    assert ls.abstained is not None and ls.abstained.sum() == 60
+    assert (ls.labels[ls.abstained] == -1).all() and (ls.labels[~ls.abstained] >= 0).all()
+    assert ls.calibration["estimated_accuracy"] == pytest.approx(float(ls.confidence.mean()),
+                                                                 abs=1e-5)
+    png = tmp_path / "p.png"
+    r = _cli("score", labels, "--truth", target, "--plot", png)
+    assert r.exit_code == 0, r.output
+    assert "estimated accuracy" in r.output and "coverage 0.800" in r.output
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    r = _cli("label", model, "--data", target, "--labels", tmp_path / "l2.h5",
+             "--min-confidence", 0.5)
+    assert r.exit_code == 0, r.output
+    assert "estimated accuracy" in r.output and "temperature" in r.output
+    r = _cli("inspect", received, "--data", target)
+    assert r.exit_code == 0, r.output
+    assert "verdict" in r.output and "flagged" in r.output
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--aggregate", "max"], "--aggregate"),
+    (["--aggregate", "trimmed:0.5"], "--aggregate"),
+    (["--min-confidence", "1.5"], "--min-confidence"),
+    (["--coverage", "0"], "--coverage"),
+    (["--coverage", "1.2"], "--coverage"),
+    (["--coverage", "0.5", "--min-confidence", "0.5"], "not both"),
+])
+def test_bad_trust_options_are_one_line_exit_2(digits_federation, tmp_path, args, needle):
+    received, target, _ = digits_federation
+    out = tmp_path / "l.h5"
+    r = CliRunner().invoke(cli, ["refine", str(received), "--data", str(target), "--labels",
+                                 str(out), *args])
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0], r.output
+    assert not out.exists()
+
+
+def test_bad_label_options_exit_2(digits_federation, tmp_path):
+    received, target, _ = digits_federation
+    model = next(received.glob("*.safetensors"))
+    r = CliRunner().invoke(cli, ["label", str(model), "--data", str(target), "--labels",
+                                 str(tmp_path / "l.h5"), "--min-confidence", "-1"])
+    assert r.exit_code == 2
+    assert len([ln for ln in r.output.splitlines() if ln.strip()]) == 1
