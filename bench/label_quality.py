@@ -73,7 +73,7 @@ def received_set(cell: str, seed: int, root: Path) -> tuple[Path, Path]:
     cfg = CELLS[cell]
     t0 = time.perf_counter()
     fed = prepare_run(cfg, seed)
-    sim = run_fedavg(cfg.simulation(seed), fed)
+    sim = run_fedavg(cfg, fed, seed=seed)
     where.mkdir(parents=True, exist_ok=True)
     export_target(sim, target)
     export_received(sim, rx, force=True)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from sklearn.datasets import load_digits
 
-from mrtf.federated import methods
+from mrtf.federated.strategies import refinery
 from mrtf.federated.methods import (
     ClientUpdate,
     MethodSettings,
@@ -58,7 +58,7 @@ def test_refinery_warns_when_it_sends_a_dead_model(dead, keep, warned):
 
 
 def test_run_passes_the_first_warning_of_each_track(tmp_path, monkeypatch):
-    monkeypatch.setattr(methods, "input_independent", lambda probs: True)
+    monkeypatch.setattr(refinery, "input_independent", lambda probs: True)
     seen: list[str] = []
     cfg = RunConfig(dataset="digits", clients=4, split="label:2", ratio=0.5, rounds=2,
                     local_steps=2, arch="lenet", target_size=100, methods=["fedavg", "feddf"],
