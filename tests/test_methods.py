@@ -7,7 +7,6 @@ import pytest
 import torch
 from sklearn.datasets import load_digits
 
-from mrtf.federated.strategies import refinery
 from mrtf.federated.methods import (
     ClientUpdate,
     MethodSettings,
@@ -16,6 +15,7 @@ from mrtf.federated.methods import (
     make_strategy,
 )
 from mrtf.federated.runner import RunConfig, run
+from mrtf.federated.strategies import refinery
 from mrtf.io.hdf5 import ArraySource
 from mrtf.models import build_model
 
