@@ -76,3 +76,14 @@ def test_adaptive_in_the_loop_trains_on_the_average_and_never_warns():
                                                                     updates, evaluate=True)
         assert not agg.warnings and "refined" in agg.probs
         assert all(torch.equal(agg.state[k], agg.states["averaged"][k]) for k in agg.state)
+
+
+def test_the_method_table_has_one_row_per_method():
+    from mrtf.federated.methods import METHODS, TABLE
+
+    ctx = _context(False)
+    for method in METHODS:
+        strategy = make_strategy(method, ctx)
+        assert type(strategy) is TABLE[method].strategy and strategy.name == method
+    with pytest.raises(ValueError, match="unknown method"):
+        make_strategy("nope", ctx)
