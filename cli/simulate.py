@@ -121,6 +121,8 @@ def simulate(out: Out, **opts) -> None:
             f"T={cfg.rounds} E={cfg.epochs} batch={cfg.batch_size} lr={cfg.lr} arch={cfg.arch} "
             f"local={cfg.local_algorithm} seed={opts['seed']}")
 
+    warn_config(cfg, out)
+
     def show(rec: dict) -> None:
         loss = rec["local_loss"]
         out.say(f"round {rec['round']:>3}/{cfg.rounds}  accuracy {rec['accuracy']:.4f}  "
@@ -183,9 +185,7 @@ def evaluation_run(out: Out, opts: dict, run_opts: dict) -> None:
             f"K={cfg.clients} split={cfg.split} R={cfg.ratio} T={cfg.rounds} arch={cfg.arch} "
             f"local={cfg.local_algorithm} methods={','.join(cfg.methods)} "
             f"seeds={','.join(map(str, cfg.seeds))} → {cfg.out}")
-    if cfg.local_algorithm == "scaffold" and (cfg.dp_sigma > 0 or cfg.dp_clip > 0):
-        out.warn("DP noise and clipping apply to the uploaded models only; SCAFFOLD's "
-                 "control-variate updates are sent as they are")
+    warn_config(cfg, out)
 
     def show(rec: dict) -> None:
         if not out.bars:
@@ -202,6 +202,12 @@ def evaluation_run(out: Out, opts: dict, run_opts: dict) -> None:
     out.say(f"wrote {result.out}/summary.md, accuracy.png, metrics.jsonl, metrics.h5")
     out.summary({"command": "simulate", "run": str(result.out), "config": cfg.to_dict(),
                  "summary": result.summary, "outputs": written})
+
+
+def warn_config(cfg: RunConfig, out: Out) -> None:
+    if cfg.local_algorithm == "scaffold" and (cfg.dp_sigma > 0 or cfg.dp_clip > 0):
+        out.warn("DP noise and clipping apply to the uploaded models only; SCAFFOLD's "
+                 "control-variate updates are sent as they are")
 
 
 def say_exports(exports: Exports, out: Out) -> dict:
