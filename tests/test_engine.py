@@ -60,3 +60,17 @@ def test_every_method_can_export_its_received_models(tmp_path):
     # the in-memory track of the same seed and method is the same federation
     mem = simulate(cfg, method="feddf")
     assert [r["accuracy"] for r in mem.records] == [e.record["accuracy"] for e in seen[:2]]
+
+
+def test_a_target_that_does_not_fit_is_refused_in_memory_too(tmp_path):
+    import numpy as np
+    import pytest
+
+    from mrtf.errors import InputError
+    from mrtf.io.hdf5 import write_dataset
+
+    bad = tmp_path / "two-channels.h5"
+    write_dataset(bad, np.zeros((20, 2, 8, 8), np.float32), np.zeros(20, np.int64))
+    cfg = RunConfig(dataset="digits", clients=4, ratio=0.5, target=str(bad), target_size=10)
+    with pytest.raises(InputError, match="channels"):
+        simulate(cfg)

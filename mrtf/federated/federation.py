@@ -79,6 +79,22 @@ def _cross_domain_target(fed: Federation, cfg: RunConfig, seed: int) -> None:
     fed.source = str(cfg.target)
 
 
+def check_target_fits(fed: Federation, arch: str) -> None:
+    """Refuse a target set the federation's models cannot take (before any training)."""
+    from mrtf.errors import first_line
+    from mrtf.models import build_model
+
+    model = build_model(arch, fed.num_classes, **fed.arch_kwargs).eval()
+    try:
+        with torch.inference_mode():
+            logits = model(fed.target_x[:1])
+    except (RuntimeError, ValueError, IndexError, TypeError) as exc:
+        raise InputError(f"target images of shape {tuple(fed.target_x.shape[1:])} do not fit "
+                         f"the {arch} models ({first_line(exc)})") from None
+    if logits.shape[-1] != fed.num_classes:
+        raise InputError("the target does not fit the source's models")
+
+
 def export_target(fed: Federation, path: str | Path) -> Path:
     """Write the server's target set: ``x`` and ``y`` (for scoring only). ``fed`` may also be
     a simulation's result (its federation is written)."""

@@ -16,10 +16,8 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from mrtf.device import pick_device
-from mrtf.errors import InputError, first_line
+from mrtf.errors import InputError
 from mrtf.federated.checkpoints import (
     _write_text,
     load_checkpoint,
@@ -27,7 +25,7 @@ from mrtf.federated.checkpoints import (
     track_name,
 )
 from mrtf.federated.engine import RoundEvent, RoundListener
-from mrtf.federated.federation import Federation
+from mrtf.federated.federation import check_target_fits
 from mrtf.federated.run_config import (  # noqa: F401  (re-exported)
     LOCAL_ALGORITHMS,
     RUN_FILES,
@@ -117,7 +115,7 @@ def run(cfg: RunConfig, out: str | Path | None = None, resume: bool = False,
     if not str(out) or str(out) == ".":
         raise InputError("no output directory: give --out (or 'out' in the config file)")
     feds = {cfg.seeds[0]: prepare_run(cfg, cfg.seeds[0])}  # bad data fails before any write
-    _check_target_fits(cfg, feds[cfg.seeds[0]])
+    check_target_fits(feds[cfg.seeds[0]], cfg.arch)
     if out.exists() and not out.is_dir():
         raise InputError(f"{out} exists and is not a directory; choose another --out")
     made = not out.exists()
@@ -254,17 +252,3 @@ class _HaltAfter:
         self.rounds += 1
         if self.limit is not None and self.rounds >= self.limit and not event.state.done:
             raise _Halt
-
-
-def _check_target_fits(cfg: RunConfig, fed: Federation) -> None:
-    from mrtf.models import build_model
-
-    model = build_model(cfg.arch, fed.num_classes, **fed.arch_kwargs).eval()
-    try:
-        with torch.inference_mode():
-            logits = model(fed.target_x[:1])
-    except (RuntimeError, ValueError, IndexError, TypeError) as exc:
-        raise InputError(f"target images of shape {tuple(fed.target_x.shape[1:])} do not fit "
-                         f"the {cfg.arch} models ({first_line(exc)})") from None
-    if logits.shape[-1] != fed.num_classes:
-        raise InputError("the target does not fit the source's models")

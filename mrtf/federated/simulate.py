@@ -20,7 +20,12 @@ from mrtf.device import pick_device
 from mrtf.federated.checkpoints import track_name
 from mrtf.federated.clients import make_client
 from mrtf.federated.engine import Engine, RoundEvent, RoundListener, server_context
-from mrtf.federated.federation import Federation, export_target, prepare_federation
+from mrtf.federated.federation import (
+    Federation,
+    check_target_fits,
+    export_target,
+    prepare_federation,
+)
 from mrtf.federated.methods import make_strategy
 from mrtf.federated.received import check_received_dir, write_received
 from mrtf.federated.run_config import RunConfig
@@ -172,6 +177,7 @@ def simulate(cfg: RunConfig, seed: int | None = None, method: str | None = None,
     seed = cfg.seeds[0] if seed is None else seed
     method = method or cfg.methods[0]
     fed = fed or prepare_federation(cfg, seed)
+    check_target_fits(fed, cfg.arch)
     history = ReceivedHistory()
     hooks: list[RoundListener] = [history, *listeners]
     if on_record is not None:
