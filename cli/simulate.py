@@ -10,8 +10,8 @@ import click
 
 from mrtf.cli.common import Out, output_options
 from mrtf.errors import InputError
+from mrtf.federated.export import Exports
 from mrtf.federated.run_config import RunConfig, load_toml
-from mrtf.federated.simulate import Exports
 from mrtf.federated.simulate import simulate as run_simulation
 from mrtf.models import available_archs
 

@@ -13,13 +13,16 @@ import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from mrtf.errors import InputError
-from mrtf.federated.strategies.base import ClientUpdate
 from mrtf.io.bundles import BundleMeta, ReceivedModel, ReceivedSet, save_bundle
+
+if TYPE_CHECKING:  # strategies import this module: no import of theirs at run time
+    from mrtf.federated.strategies.base import ClientUpdate
 
 GLOBAL_FILE = "global-start.safetensors"
 
