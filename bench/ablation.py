@@ -18,31 +18,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mrtf.federated import LocalConfig, SimulationConfig, run_fedavg
-from mrtf.io.bundles import BundleMeta, ReceivedModel, ReceivedSet
+from mrtf.federated import RunConfig, run_fedavg
+from mrtf.io.bundles import ReceivedSet
 from mrtf.io.hdf5 import ArraySource
 from mrtf.refinery import METHODS, VARIANTS, RefineConfig, accuracy_of, refine
 
 
 def received_from(sim) -> ReceivedSet:
     """The last round as a pilot party receives it (in memory, same metadata as export)."""
-    cfg, last, fed = sim.config, sim.last, sim.federation
-    base = dict(arch=cfg.arch, num_classes=fed.num_classes, arch_kwargs=fed.arch_kwargs,
-                round=last.round)
-    models = [ReceivedModel(Path(f"client-{k:03d}.safetensors"),
-                            BundleMeta(**base, party=f"client-{k:03d}", n_samples=r.n_samples,
-                                       train_loss=r.train_loss, role="local"),
-                            r.model.state_dict())
-              for k, r in zip(last.clients, last.results)]
-    models.append(ReceivedModel(Path("global-start.safetensors"),
-                                BundleMeta(**base, party="server", role="global"),
-                                last.start_state))
-    return ReceivedSet(models, [])
+    return sim.received()
 
 
-def run_setting(split: str, rounds: int, seed: int, steps: int, local: LocalConfig) -> dict:
-    cfg = SimulationConfig(dataset="mnist5k", clients=20, ratio=0.2, split=split, rounds=rounds,
-                           arch="lenet", target_size=1000, seed=seed, local=local)
+def run_setting(split: str, rounds: int, seed: int, steps: int, local: dict) -> dict:
+    cfg = RunConfig(dataset="mnist5k", clients=20, ratio=0.2, split=split, rounds=rounds,
+                    arch="lenet", target_size=1000, seeds=[seed], **local)
     t0 = time.perf_counter()
     sim = run_fedavg(cfg, device="cpu")
     received = received_from(sim)
@@ -99,7 +88,7 @@ def main() -> None:
     for split in args.splits:
         for rounds in args.rounds:
             for seed in args.seeds:
-                row = run_setting(split, rounds, seed, args.steps, LocalConfig(
+                row = run_setting(split, rounds, seed, args.steps, dict(
                     epochs=2, batch_size=args.local_batch, lr=args.local_lr))
                 rows.append(row)
                 print(json.dumps(row), flush=True)

@@ -1,6 +1,6 @@
 """Benchmark: data-free fusion (FedFTG, FedKF) against the plain parameter average.
 
-mnist5k, SimulationConfig(clients=20, ratio=0.2, split='dirichlet:0.1', epochs=2, arch='lenet',
+mnist5k, RunConfig(clients=20, ratio=0.2, split='dirichlet:0.1', epochs=2, arch='lenet',
 target_size=1000); the models received after R FedAvg rounds (R = 1 and 10) are fused without
 data, and each result is scored on the held-out labeled target set (labels used for scoring
 only). Run by hand:
@@ -22,22 +22,15 @@ from pathlib import Path
 import torch
 
 from mrtf.datafree import FusionConfig, aca_average, fuse
-from mrtf.federated import (
-    LocalConfig,
-    SimulationConfig,
-    accuracy,
-    export_received,
-    run_fedavg,
-)
+from mrtf.federated import RunConfig, accuracy, export_received, run_fedavg
 from mrtf.io.bundles import load_received
 
 
 def one_case(seed: int, rounds: int, args: argparse.Namespace) -> dict:
     """Simulate, export, fuse three ways, score on the target set."""
-    cfg = SimulationConfig(dataset="mnist5k", clients=20, ratio=0.2, split="dirichlet:0.1",
-                           rounds=rounds, arch="lenet", target_size=1000, seed=seed,
-                           local=LocalConfig(epochs=2, batch_size=args.local_batch,
-                                             lr=args.local_lr))
+    cfg = RunConfig(dataset="mnist5k", clients=20, ratio=0.2, split="dirichlet:0.1",
+                    rounds=rounds, arch="lenet", target_size=1000, seeds=[seed], epochs=2,
+                    batch_size=args.local_batch, lr=args.local_lr)
     t0 = time.perf_counter()
     sim = run_fedavg(cfg)
     row: dict = {"seed": seed, "fedavg_rounds": rounds, "sim_s": time.perf_counter() - t0}

@@ -32,9 +32,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mrtf.federated import run_fedavg
+from mrtf.federated import export_received, export_target, run_fedavg
 from mrtf.federated.runner import RunConfig, prepare_run
-from mrtf.federated.simulate import export_received, export_target
 from mrtf.io import H5Dataset, load_received
 from mrtf.refinery import RefineConfig, accuracy_of, newest_locals, refine, teacher_logits
 from mrtf.refinery.teachers import _softmax_np
@@ -73,7 +72,7 @@ def received_set(cell: str, seed: int, root: Path) -> tuple[Path, Path]:
     cfg = CELLS[cell]
     t0 = time.perf_counter()
     fed = prepare_run(cfg, seed)
-    sim = run_fedavg(cfg.simulation(seed), fed)
+    sim = run_fedavg(cfg, fed, seed=seed)
     where.mkdir(parents=True, exist_ok=True)
     export_target(sim, target)
     export_received(sim, rx, force=True)

@@ -55,19 +55,7 @@ SEEDS = (0, 1, 2)
 
 def _received(sim) -> tuple[ReceivedSet, object]:
     """The last round as the pilot party receives it (in memory, exported metadata)."""
-    from mrtf.io.bundles import BundleMeta
-
-    cfg, last, fed = sim.config, sim.last, sim.federation
-    base = dict(arch=cfg.arch, num_classes=fed.num_classes, arch_kwargs=fed.arch_kwargs,
-                round=last.round)
-    models = [ReceivedModel(Path(f"client-{k:03d}"), BundleMeta(
-        **base, party=f"client-{k:03d}", label_counts=r.label_counts, n_samples=r.n_samples,
-        train_loss=r.train_loss, role="local"), r.model.state_dict())
-        for k, r in zip(last.clients, last.results)]
-    models.append(ReceivedModel(Path("global-start"), BundleMeta(**base, party="server",
-                                                                 role="global"),
-                                last.start_state))
-    return ReceivedSet(models, []), last
+    return sim.received(), sim.last
 
 
 def _flipped(sim, cfg: RunConfig, k: int, seed: int) -> dict[str, torch.Tensor]:
@@ -113,7 +101,7 @@ def run_cell(setting: str, seed: int, root: Path, methods=METHODS) -> list[dict]
     """Every (poison, method) of one (setting, seed), cached per row."""
     cfg = SETTINGS[setting]
     fed = prepare_run(cfg, seed)
-    sim = run_fedavg(cfg.simulation(seed), fed)
+    sim = run_fedavg(cfg, fed, seed=seed)
     rs, _ = _received(sim)
     target = ArraySource(fed.target_x.numpy())
     y = fed.target_y.numpy()

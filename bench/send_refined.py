@@ -15,32 +15,31 @@ from __future__ import annotations
 
 import argparse
 import copy
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from mrtf.federated import local_train, run_fedavg
 from mrtf.federated.aggregate import average_states
+from mrtf.federated.methods import ClientUpdate
+from mrtf.federated.received import received_set
 from mrtf.federated.runner import RunConfig, prepare_run
-from mrtf.io.bundles import BundleMeta, ReceivedModel, ReceivedSet
+from mrtf.io.bundles import ReceivedSet
 from mrtf.io.hdf5 import ArraySource
+from mrtf.models import build_model
 from mrtf.refinery import RefineConfig, refine
 
 
 def received(fed, updates, start: torch.nn.Module, rnd: int) -> ReceivedSet:
-    base = dict(arch="lenet", num_classes=10, arch_kwargs=fed.arch_kwargs, round=rnd)
-    models = [ReceivedModel(Path(f"client-{i}"), BundleMeta(**base, role="local",
-                                                           n_samples=u.n_samples),
-                            u.model.state_dict()) for i, u in enumerate(updates)]
-    models.append(ReceivedModel(Path("global"), BundleMeta(**base, role="global"),
-                                start.state_dict()))
-    return ReceivedSet(models, [])
+    ups = [ClientUpdate(i, u.model.state_dict(), u.n_samples, u.label_counts, u.train_loss)
+           for i, u in enumerate(updates)]
+    return received_set(rnd, start.state_dict(), ups, arch="lenet", num_classes=10,
+                        arch_kwargs=fed.arch_kwargs)
 
 
 def track(cfg: RunConfig, seed: int, rounds: int, send: bool) -> None:
     fed = prepare_run(cfg, seed)
-    sim = run_fedavg(cfg.simulation(seed), fed)
+    sim = run_fedavg(cfg, fed, seed=seed)
     target = ArraySource(fed.target_x.numpy())
     y = fed.target_y.numpy()
 
@@ -48,12 +47,12 @@ def track(cfg: RunConfig, seed: int, rounds: int, send: bool) -> None:
         with torch.inference_mode():
             return float((model(fed.target_x).argmax(1).numpy() == y).mean())
 
-    start = copy.deepcopy(sim.last.results[0].model)
-    start.load_state_dict(sim.last.global_state)
+    start = build_model(cfg.arch, fed.num_classes, **fed.arch_kwargs)
+    start.load_state_dict(sim.global_state)
     rng = np.random.default_rng(seed + 100)
     for t in range(rounds):
         updates = []
-        per_round = cfg.simulation(seed).per_round
+        per_round = cfg.per_round
         for k in sorted(rng.choice(cfg.clients, per_round, replace=False).tolist()):
             idx = torch.from_numpy(fed.parts[k])
             updates.append(local_train(start, fed.x[idx], fed.y[idx], 10, cfg.local_config(),

@@ -15,9 +15,10 @@ from mrtf.progress import log_lines
 def run_datafree(rs: ReceivedSet, outs: Outputs, model_out: Path | None, opts: dict[str, Any],
                  out: Out) -> None:
     """Fuse ``rs`` without data and write the fused model (and the sample grid)."""
-    from mrtf.cli.refine import load_student, refined_meta
+    from mrtf.cli.refine import load_student
     from mrtf.datafree import FusionConfig, choose_method, dump_samples, fuse
     from mrtf.datafree.fuse import fedkf_futile
+    from mrtf.io.refined import refined_meta
 
     method, reason = choose_method(rs, opts["datafree"])
     student, student_meta = load_student(rs, opts, None, out)
@@ -29,11 +30,7 @@ def run_datafree(rs: ReceivedSet, outs: Outputs, model_out: Path | None, opts: d
     cfg = FusionConfig(method=method, seed=opts["seed"], device=opts["device"],
                        progress=out.progress)
     if opts["steps"] is not None:  # total student steps, for either method
-        if method == "fedftg":
-            per_round = cfg.iterations * cfg.student_steps
-            cfg.rounds = max(1, -(-opts["steps"] // per_round))
-        else:
-            cfg.steps = opts["steps"]
+        cfg = cfg.with_total_steps(opts["steps"])
     out.say(f"data-free fusion with {method}: {reason}")
     with log_lines(out.progress):
         result = run_guarded(lambda: fuse(rs, cfg, student))

@@ -25,7 +25,7 @@ from mrtf.io.labels_csv import write_labels_csv
 from mrtf.io.limits import check_memory
 from mrtf.io.outputs import Outputs
 from mrtf.io.parties import describe, duplicate_parties, plan_parties
-from mrtf.models import build_model, image_kwargs
+from mrtf.io.refined import new_student, refined_meta
 from mrtf.progress import log_lines
 from mrtf.refinery import METHODS, RefineConfig, accuracy_of, predict_probs, refine
 from mrtf.scoring import score_labels
@@ -316,51 +316,8 @@ def load_student(rs: ReceivedSet, opts: dict[str, Any], sample_shape: tuple[int,
                              f"the received models have {rs.num_classes}")
         return sm.build(), sm.meta
     if opts["student_arch"] is not None:
-        arch = opts["student_arch"]
-        kwargs = _student_kwargs(rs, arch, sample_shape)
-        import torch
-
-        torch.manual_seed(opts["seed"])
-        model = build_model(arch, rs.num_classes, **kwargs)
-        return model, BundleMeta(arch=arch, num_classes=rs.num_classes, arch_kwargs=kwargs)
+        return new_student(rs, opts["student_arch"], opts["seed"], sample_shape)
     return None, None
-
-
-def _student_kwargs(rs: ReceivedSet, arch: str, shape: tuple[int, ...] | None) -> dict:
-    if shape is None:  # data-free: take the image shape from a received image model
-        kw = next((m.meta.arch_kwargs for m in rs.models
-                   if "in_channels" in m.meta.arch_kwargs), None)
-        if kw is None:
-            raise InputError("cannot tell the image shape for --student-arch without --data")
-        return image_kwargs(arch, kw["in_channels"], kw["image_size"])
-    if len(shape) == 3:
-        return image_kwargs(arch, shape[0], shape[-1])
-    return {}
-
-
-def refined_meta(rs: ReceivedSet, student_meta: BundleMeta | None, method: str,
-                 config: dict[str, Any], calibration: Any = None) -> BundleMeta:
-    """Bundle metadata of the refined model (so it can be received again). ``calibration``:
-    its temperature and the estimate, for ``mrtf label`` (``mrtf.calibration``)."""
-    import json
-
-    extra = {"mrtf.method": method,
-             "mrtf.config": json.dumps(config, sort_keys=True, default=str)}
-    if calibration is not None:
-        extra["mrtf.calibration"] = json.dumps(
-            {"temperature": calibration.temperature,
-             "estimated_accuracy": calibration.estimated_accuracy,
-             "plus_minus": calibration.plus_minus}, sort_keys=True)
-
-    base = student_meta or rs.by_role("local")[0].meta
-    counts = [m.meta.label_counts for m in rs.by_role("local")]
-    total = (np.sum(counts, axis=0).astype(int).tolist()
-             if all(c is not None for c in counts) else None)
-    rounds = [m.meta.round for m in rs.models if m.meta.round is not None]
-    return BundleMeta(arch=base.arch, num_classes=rs.num_classes, arch_kwargs=base.arch_kwargs,
-                      party="refined", role="refined", label_counts=total,
-                      round=max(rounds) if rounds else None,  # the round it refines
-                      extra=extra)
 
 
 @click.command()

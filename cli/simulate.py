@@ -1,6 +1,6 @@
 """``mrtf simulate``: run a FedAvg federation and export what a pilot party receives, or (with
 ``--config``, ``--methods`` or ``--out``) a federated evaluation run comparing server methods
-over seeds (mrtf.federated.runner)."""
+over seeds (mrtf.federated.runner). Both are the same round engine; this module only parses."""
 
 from __future__ import annotations
 
@@ -9,11 +9,10 @@ from pathlib import Path
 import click
 
 from mrtf.cli.common import Out, output_options
-from mrtf.cli.export_run import write_exports
 from mrtf.errors import InputError
-from mrtf.federated import LocalConfig, SimulationConfig, run_fedavg
-from mrtf.federated.simulate import check_received_dir
-from mrtf.io.atomic import check_output
+from mrtf.federated.export import Exports
+from mrtf.federated.run_config import RunConfig, load_toml
+from mrtf.federated.simulate import simulate as run_simulation
 from mrtf.models import available_archs
 
 
@@ -97,47 +96,44 @@ from mrtf.models import available_archs
               help="FedKF OCA over all K slots (paper) or only clients that trained.")
 @output_options
 def simulate(out: Out, **opts) -> None:
-    """Simulate a federation (FedAvg) and export received models and the target set; or run
-    and compare server methods over seeds (--config / --methods / --out)."""
+    """Simulate a federation and export received models and the target set; or run and compare
+    server methods over seeds (--config / --methods / --out). Both run the same engine: a
+    plain simulation is the evaluation run's FedAvg track of --seed, without a run directory."""
     run_keys = ("config_file", "methods", "seeds", "run_out", "resume", *RUN_ONLY)
     run_opts = {k: opts.pop(k) for k in run_keys}
     if run_opts["config_file"] or run_opts["methods"] or run_opts["run_out"]:
         return evaluation_run(out, opts, run_opts)
-    given = [k for k, v in run_opts.items() if v not in (None, False)]
-    exporting = opts["export_received"] is not None or opts["export_target"] is not None
-    if given and exporting and all(k in RUN_ONLY for k in given):
-        from mrtf.cli.export_run import export_run
-
-        return export_run(out, opts, run_opts, SHARED, RUN_ONLY)
-    if given:
-        raise InputError(f"--{given[0].replace('_', '-')} needs an evaluation run "
-                         "(--methods, --out or --config) or an export (--export-received, "
-                         "--export-target)")
-    received_dir, target_file = opts.pop("export_received"), opts.pop("export_target")
-    force, device = opts.pop("force"), opts.pop("device")
-    history = opts.pop("export_history")
-    cfg = build_config(opts)
+    for key in ("seeds", "resume"):
+        if run_opts[key]:
+            raise InputError(f"--{key} needs an evaluation run (--methods, --out or --config)")
+    data: dict = {key: opts[name] for name, key in SHARED.items()}
+    data["channels"] = int(opts["channels"]) if opts["channels"] else None
+    data.update(seeds=[opts["seed"]], methods=["fedavg"])
+    data.update({k: run_opts[k] for k in RUN_ONLY if run_opts[k] is not None})
+    if data["mu"] > 0 and "local_algorithm" not in data:
+        data["local_algorithm"] = "fedprox"  # --mu alone: FedProx, as its help says
+    cfg = RunConfig.from_dict(data, "command line")
     cfg.validate()
-    # Check every output before any work, so a refused run writes nothing.
-    if received_dir is not None:
-        check_received_dir(received_dir, force)
-    if target_file is not None:
-        check_output(target_file, force)
-    out.say(f"simulating {cfg.dataset}: K={cfg.clients} split={cfg.split} R={cfg.ratio} "
-            f"({cfg.per_round}/round) T={cfg.rounds} E={cfg.local.epochs} "
-            f"batch={cfg.local.batch_size} lr={cfg.local.lr} arch={cfg.arch} seed={cfg.seed}")
+    exports = Exports(cfg, opts["export_received"], opts["export_target"],
+                      opts["export_history"], opts["force"])
+    out.say(f"simulating {cfg.dataset}{' → ' + cfg.target if cfg.cross_domain else ''}: "
+            f"K={cfg.clients} split={cfg.split} R={cfg.ratio} ({cfg.per_round}/round) "
+            f"T={cfg.rounds} E={cfg.epochs} batch={cfg.batch_size} lr={cfg.lr} arch={cfg.arch} "
+            f"local={cfg.local_algorithm} seed={opts['seed']}")
 
-    def show(rec) -> None:
-        out.say(f"round {rec.round + 1:>3}/{cfg.rounds}  accuracy {rec.accuracy:.4f}  "
-                f"local loss {rec.train_loss:.4f}  {rec.seconds:.1f}s")
+    warn_config(cfg, out)
 
-    result = run_fedavg(cfg, on_round=show, device=device)
-    written = write_exports(result, received_dir, target_file, force, history, out)
-    out.summary({
-        "command": "simulate", "config": _config_dict(cfg),
-        "rounds": [{**vars(r), "round": r.round + 1} for r in result.records],  # 1-based
-        "final_accuracy": result.records[-1].accuracy, "outputs": written,
-    })
+    def show(rec: dict) -> None:
+        loss = rec["local_loss"]
+        out.say(f"round {rec['round']:>3}/{cfg.rounds}  accuracy {rec['accuracy']:.4f}  "
+                f"local loss {float('nan') if loss is None else loss:.4f}  "
+                f"{rec['seconds']:.1f}s")
+
+    result = run_simulation(cfg, device=opts["device"], on_record=show,
+                            listeners=exports.listeners)
+    out.summary({"command": "simulate", "config": cfg.to_dict(), "rounds": result.records,
+                 "final_accuracy": result.records[-1]["accuracy"],
+                 "outputs": say_exports(exports, out)})
 
 
 RUN_ONLY = ("target", "local_algorithm", "dp_sigma", "dp_clip", "eval_every", "local_test",
@@ -159,12 +155,8 @@ def _explicit(name: str) -> bool:
 
 def evaluation_run(out: Out, opts: dict, run_opts: dict) -> None:
     """``mrtf simulate --config/--methods/--out``: defaults < config file < explicit flags."""
-    from mrtf.federated.runner import RunConfig, load_toml, run
+    from mrtf.federated.runner import run
 
-    for bad in ("export_received", "export_target", "export_history"):
-        if opts.get(bad):
-            raise InputError(f"--{bad.replace('_', '-')} is for a single FedAvg simulation, "
-                             "not an evaluation run (--methods/--out/--config)")
     data: dict = {}
     if run_opts["resume"] and run_opts["run_out"] is not None:
         # the run directory holds its config: `--out DIR --resume` alone continues the run
@@ -187,13 +179,13 @@ def evaluation_run(out: Out, opts: dict, run_opts: dict) -> None:
     where = str(run_opts["config_file"] or "command line")
     cfg = RunConfig.from_dict(data, where)
     cfg.validate()
+    exports = Exports(cfg, opts["export_received"], opts["export_target"],
+                      opts["export_history"], opts["force"])
     out.say(f"evaluation run {cfg.dataset}{' → ' + cfg.target if cfg.cross_domain else ''}: "
             f"K={cfg.clients} split={cfg.split} R={cfg.ratio} T={cfg.rounds} arch={cfg.arch} "
             f"local={cfg.local_algorithm} methods={','.join(cfg.methods)} "
             f"seeds={','.join(map(str, cfg.seeds))} → {cfg.out}")
-    if cfg.local_algorithm == "scaffold" and (cfg.dp_sigma > 0 or cfg.dp_clip > 0):
-        out.warn("DP noise and clipping apply to the uploaded models only; SCAFFOLD's "
-                 "control-variate updates are sent as they are")
+    warn_config(cfg, out)
 
     def show(rec: dict) -> None:
         if not out.bars:
@@ -202,13 +194,31 @@ def evaluation_run(out: Out, opts: dict, run_opts: dict) -> None:
 
     result = run(cfg, cfg.out, resume=run_opts["resume"], force=opts["force"],
                  progress=out.progress, device=opts["device"], on_record=show,
-                 on_warning=out.warn)
+                 on_warning=out.warn, listeners=exports.listeners)
+    written = say_exports(exports, out)
     for method, s in result.summary.items():
         out.say(f"{method:<7} final {s['final_mean']:.4f} ± {s['final_std']:.4f}  best of last "
                 f"5 {s['best5_mean']:.4f} ± {s['best5_std']:.4f}")
     out.say(f"wrote {result.out}/summary.md, accuracy.png, metrics.jsonl, metrics.h5")
     out.summary({"command": "simulate", "run": str(result.out), "config": cfg.to_dict(),
-                 "summary": result.summary})
+                 "summary": result.summary, "outputs": written})
+
+
+def warn_config(cfg: RunConfig, out: Out) -> None:
+    if cfg.local_algorithm == "scaffold" and (cfg.dp_sigma > 0 or cfg.dp_clip > 0):
+        out.warn("DP noise and clipping apply to the uploaded models only; SCAFFOLD's "
+                 "control-variate updates are sent as they are")
+
+
+def say_exports(exports: Exports, out: Out) -> dict:
+    """Say what was exported; returns the paths for the JSON summary."""
+    written = exports.written()
+    if "received" in written:
+        out.say(f"wrote {len(written['received'])} received models to "
+                f"{exports.received.directory}")
+    if "target" in written:
+        out.say(f"wrote the target set to {written['target']}")
+    return written
 
 
 def saved_config(run_dir: Path) -> dict:
@@ -216,8 +226,6 @@ def saved_config(run_dir: Path) -> dict:
     holds none yet (then --resume starts the run)."""
     import json
     from dataclasses import fields
-
-    from mrtf.federated.runner import RunConfig
 
     path = Path(run_dir) / "config.json"
     if not path.is_file():
@@ -230,21 +238,3 @@ def saved_config(run_dir: Path) -> dict:
         raise InputError(f"{path} is not a run config; start the run again with --force")
     known = {f.name for f in fields(RunConfig)}  # keys of older versions that no longer exist
     return {k: v for k, v in saved.items() if k in known and k != "out"}
-
-
-def build_config(opts: dict) -> SimulationConfig:
-    """SimulationConfig from parsed CLI options (LocalConfig errors become InputError)."""
-    try:
-        local = LocalConfig(epochs=opts.pop("epochs"), steps=opts.pop("local_steps"),
-                            lr=opts.pop("lr"), batch_size=opts.pop("batch_size"),
-                            mu=opts.pop("mu"))
-    except ValueError as exc:
-        raise InputError(str(exc)) from None
-    channels = opts.pop("channels")
-    return SimulationConfig(local=local, channels=int(channels) if channels else None, **opts)
-
-
-def _config_dict(cfg: SimulationConfig) -> dict:
-    from dataclasses import asdict
-
-    return asdict(cfg)

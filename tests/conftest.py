@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mrtf.federated import LocalConfig, SimulationConfig, export_received, export_target, run_fedavg
+from mrtf.federated import RunConfig, export_received, export_target, run_fedavg
 
 # One fixed thread count for the whole suite, whatever OMP_NUM_THREADS says: float results
 # (and so exact-equality assertions) depend on it.
@@ -33,9 +33,8 @@ def _restore_threads():
 def digits_federation(tmp_path_factory):
     """Received models (4 LeNet clients + θ_t) and a target set from 2 rounds on digits."""
     root = tmp_path_factory.mktemp("fed")
-    cfg = SimulationConfig(dataset="digits", clients=8, split="dirichlet:0.5", ratio=0.5,
-                           rounds=2, arch="lenet", target_size=300, seed=0,
-                           local=LocalConfig(epochs=2, batch_size=32))
+    cfg = RunConfig(dataset="digits", clients=8, split="dirichlet:0.5", ratio=0.5, rounds=2,
+                    arch="lenet", target_size=300, seeds=[0], epochs=2, batch_size=32)
     result = run_fedavg(cfg)
     export_received(result, root / "received")
     export_target(result, root / "target.h5")

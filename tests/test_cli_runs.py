@@ -74,13 +74,13 @@ def test_flags_only_run_and_resume(tmp_path):
     (["--methods", "fedavg", "--clients", "4", "--ratio", "0.1"], "R·K < 1"),
     (["--methods", "fedavg", "--dp-sigma", "-1"], "σ"),
     (["--methods", "fedavg", "--target", "nope"], "unknown target"),
-    (["--dp-sigma", "0.1"], "needs an evaluation run"),
+    (["--seeds", "0,1"], "needs an evaluation run"),
     (["--config", "missing.toml"], "not found"),
 ])
 def test_bad_input_exits_2(tmp_path, extra, message):
     res = CliRunner().invoke(cli, ["simulate", "--dataset", "digits", "--out",
                                    str(tmp_path / "o"), *extra]
-                             if extra[0] != "--dp-sigma" else ["simulate", *extra])
+                             if extra[0] != "--seeds" else ["simulate", *extra])
     assert res.exit_code == 2, res.output
     assert message in res.output and "Traceback" not in res.output
     assert len(res.output.strip().splitlines()) == 1

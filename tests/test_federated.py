@@ -6,7 +6,7 @@ from mrtf.data import load_builtin
 from mrtf.errors import InputError
 from mrtf.federated import (
     LocalConfig,
-    SimulationConfig,
+    RunConfig,
     accuracy,
     average_received,
     average_states,
@@ -54,11 +54,11 @@ def test_fedprox_term_keeps_model_closer():
     assert drift(1.0) < drift(0.0)
 
 
-def test_simulation_config_validation():
+def test_run_config_validation():
     with pytest.raises(InputError, match="R·K < 1"):
-        SimulationConfig(dataset="digits", clients=4, ratio=0.1).validate()
+        RunConfig(dataset="digits", clients=4, ratio=0.1).validate()
     with pytest.raises(InputError, match="bad split"):
-        SimulationConfig(dataset="digits", split="dirichlet:-1").validate()
+        RunConfig(dataset="digits", split="dirichlet:-1").validate()
 
 
 def test_exported_federation(digits_federation):
@@ -70,7 +70,7 @@ def test_exported_federation(digits_federation):
     assert sum(m.meta.n_samples for m in local) == sum(sum(m.meta.label_counts) for m in local)
     # The sample-weighted average of the exported files is the simulation's θ_{t+1}.
     avg, _ = average_received(local)
-    for key, value in result.last.global_state.items():
+    for key, value in result.global_state.items():
         torch.testing.assert_close(avg.state_dict()[key], value)
 
 
@@ -78,9 +78,8 @@ def test_export_history_keeps_latest_model_per_client(tmp_path):
     from mrtf.federated import export_received, run_fedavg
     from mrtf.refinery import newest_locals
 
-    cfg = SimulationConfig(dataset="digits", clients=4, split="iid", ratio=0.5, rounds=3,
-                           arch="mlp", target_size=100, seed=0,
-                           local=LocalConfig(steps=2))
+    cfg = RunConfig(dataset="digits", clients=4, split="iid", ratio=0.5, rounds=3, arch="mlp",
+                    target_size=100, seeds=[0], local_steps=2)
     result = run_fedavg(cfg)
     export_received(result, tmp_path / "last")
     export_received(result, tmp_path / "hist", history=True)

@@ -7,7 +7,6 @@ import pytest
 import torch
 from sklearn.datasets import load_digits
 
-from mrtf.federated import methods
 from mrtf.federated.methods import (
     ClientUpdate,
     MethodSettings,
@@ -16,6 +15,7 @@ from mrtf.federated.methods import (
     make_strategy,
 )
 from mrtf.federated.runner import RunConfig, run
+from mrtf.federated.strategies import refinery
 from mrtf.io.hdf5 import ArraySource
 from mrtf.models import build_model
 
@@ -58,7 +58,7 @@ def test_refinery_warns_when_it_sends_a_dead_model(dead, keep, warned):
 
 
 def test_run_passes_the_first_warning_of_each_track(tmp_path, monkeypatch):
-    monkeypatch.setattr(methods, "input_independent", lambda probs: True)
+    monkeypatch.setattr(refinery, "input_independent", lambda probs: True)
     seen: list[str] = []
     cfg = RunConfig(dataset="digits", clients=4, split="label:2", ratio=0.5, rounds=2,
                     local_steps=2, arch="lenet", target_size=100, methods=["fedavg", "feddf"],
@@ -76,3 +76,14 @@ def test_adaptive_in_the_loop_trains_on_the_average_and_never_warns():
                                                                     updates, evaluate=True)
         assert not agg.warnings and "refined" in agg.probs
         assert all(torch.equal(agg.state[k], agg.states["averaged"][k]) for k in agg.state)
+
+
+def test_the_method_table_has_one_row_per_method():
+    from mrtf.federated.methods import METHODS, TABLE
+
+    ctx = _context(False)
+    for method in METHODS:
+        strategy = make_strategy(method, ctx)
+        assert type(strategy) is TABLE[method].strategy and strategy.name == method
+    with pytest.raises(ValueError, match="unknown method"):
+        make_strategy("nope", ctx)

@@ -104,6 +104,14 @@ class FusionConfig:
             raise InputError(f"momentum must be < 1, got {self.momentum}")
         return self
 
+    def with_total_steps(self, steps: int) -> FusionConfig:
+        """A copy that trains the student ``steps`` times in all: FedKF's ``steps``, or
+        FedFTG's ``rounds`` (each ``iterations`` × ``student_steps`` steps), rounded up."""
+        if self.method == "fedftg":
+            per_round = self.iterations * self.student_steps
+            return replace(self, rounds=max(1, -(-steps // per_round)))
+        return replace(self, steps=steps)
+
     def resolved(self, method: str) -> FusionConfig:
         """A copy with ``method`` set and every ``None`` replaced by that method's default."""
         fill = {k: v for k, v in _DEFAULTS[method].items() if getattr(self, k) is None}

@@ -1,20 +1,15 @@
-"""Federation simulation: client updates, aggregation, rounds."""
+"""Federation simulation: one round engine driving a server strategy and a client algorithm
+over a simulated federation; listeners watch the rounds (metrics, checkpoints, export)."""
 
 from mrtf.federated.aggregate import average_received, average_states
+from mrtf.federated.export import ExportReceived, export_received
+from mrtf.federated.federation import Federation, export_target, prepare_federation
 from mrtf.federated.local import LocalConfig, LocalResult, accuracy, local_train
-from mrtf.federated.simulate import (
-    Federation,
-    SimulationConfig,
-    SimulationResult,
-    export_received,
-    export_target,
-    prepare_federation,
-    run_fedavg,
-)
+from mrtf.federated.run_config import RunConfig
+from mrtf.federated.simulate import SimulationResult, run_fedavg, simulate
 
 __all__ = [
-    "Federation", "LocalConfig", "LocalResult", "SimulationConfig", "SimulationResult",
-    "accuracy", "average_received", "average_states", "export_received", "export_target",
-    "local_train",
-    "prepare_federation", "run_fedavg",
+    "ExportReceived", "Federation", "LocalConfig", "LocalResult", "RunConfig",
+    "SimulationResult", "accuracy", "average_received", "average_states", "export_received",
+    "export_target", "local_train", "prepare_federation", "run_fedavg", "simulate",
 ]

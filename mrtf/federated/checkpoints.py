@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -45,34 +45,32 @@ class TrackState:
 
     round: int  # rounds completed
     global_state: dict[str, torch.Tensor]
-    control: dict[str, torch.Tensor] | None
-    client_controls: dict[int, dict[str, torch.Tensor]]
-    records: list[dict]
-    elapsed: float
+    records: list[dict] = field(default_factory=list)
+    elapsed: float = 0.0
     done: bool = False
 
 
-def save_checkpoint(ckdir: Path, name: str, ts: TrackState, strategy) -> None:
+def save_checkpoint(ckdir: Path, name: str, ts: TrackState, strategy, client) -> None:
     """Tensors to ``NAME.rROUND.safetensors`` first, then the JSON that points to it (the
-    commit point), then older tensor files are removed. No pickle anywhere."""
+    commit point), then older tensor files are removed. No pickle anywhere. ``strategy`` and
+    ``client`` (the client algorithm: SCAFFOLD's control variates) add their own state."""
     tensors = {f"global.{k}": v for k, v in ts.global_state.items()}
-    if ts.control is not None:
-        tensors.update({f"control.{k}": v for k, v in ts.control.items()})
-    for c, st in ts.client_controls.items():
-        tensors.update({f"ccontrol.{c}.{k}": v for k, v in st.items()})
+    tensors.update(client.state_tensors())
     tensors.update({f"strategy.{k}": v for k, v in strategy.state_tensors().items()})
     fname = f"{name}.r{ts.round}.safetensors"
     _save_tensors(ckdir / fname, tensors)
     meta = {"round": ts.round, "tensors": fname, "done": ts.done, "records": ts.records,
-            "elapsed": ts.elapsed, "client_controls": sorted(ts.client_controls),
-            "scaffold": ts.control is not None, "strategy": strategy.state_json()}
+            "elapsed": ts.elapsed, "scaffold": False, "client_controls": [],
+            **client.state_json(), "strategy": strategy.state_json()}
     _write_text(ckdir / f"{name}.json", json.dumps(meta, sort_keys=True))
     for old in ckdir.glob(f"{name}.r*.safetensors"):
         if old.name != fname:
             old.unlink(missing_ok=True)
 
 
-def load_checkpoint(ckdir: Path, name: str, strategy) -> TrackState | None:
+def load_checkpoint(ckdir: Path, name: str, strategy, client) -> TrackState | None:
+    """The track's last checkpoint (restoring ``strategy``'s and ``client``'s state into
+    them), or None when it has none."""
     meta_path = ckdir / f"{name}.json"
     if not meta_path.is_file():
         return None
@@ -87,10 +85,9 @@ def load_checkpoint(ckdir: Path, name: str, strategy) -> TrackState | None:
         return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
 
     strategy.load_state_tensors(part("strategy."), meta.get("strategy", {}))
+    if meta.get("scaffold"):
+        client.load_state(tensors, meta)
     return TrackState(round=meta["round"], global_state=part("global."),
-                      control=part("control.") if meta["scaffold"] else None,
-                      client_controls={int(c): part(f"ccontrol.{c}.")
-                                       for c in meta["client_controls"]},
                       records=meta["records"], elapsed=meta["elapsed"], done=meta["done"])
 
 

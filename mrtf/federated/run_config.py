@@ -1,5 +1,6 @@
-"""One evaluation run's settings (``mrtf simulate --config run.toml``), their TOML form, and
-each seed's federation (``prepare_run``: in-domain or cross-domain target)."""
+"""The one config of a simulated federation (``mrtf simulate``, ``--config run.toml``) and its
+TOML form. The server methods' knobs are inherited from :class:`MethodSettings` (the strategies
+read them from this object); the client update's :class:`LocalConfig` is derived from it."""
 
 from __future__ import annotations
 
@@ -9,24 +10,21 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
 from mrtf.errors import InputError
-from mrtf.federated.fairness import split_local_test
+from mrtf.federated.clients import LOCAL_ALGORITHMS
+from mrtf.federated.federation import Federation, prepare_federation
 from mrtf.federated.local import LocalConfig
 from mrtf.federated.methods import METHODS, MethodSettings
-from mrtf.federated.simulate import Federation, SimulationConfig, prepare_federation
 
-LOCAL_ALGORITHMS = ("fedavg", "fedprox", "scaffold")
 VARIANTS = ("paper", "reference")
 RUN_FILES = ("config.json", "config.toml", "metrics.jsonl", "metrics.h5", "accuracy.png",
              "summary.md")
 
 
 @dataclass
-class RunConfig:
-    """One comparison run (``mrtf simulate --config run.toml``); every field is a TOML key."""
+class RunConfig(MethodSettings):
+    """One simulated federation run: K clients, R·K of them per round for T rounds, one track
+    per (seed, method); every field is a TOML key."""
 
     dataset: str = "mnist5k"
     target: str | None = None  # None / same as dataset: held-out part (in-domain)
@@ -52,17 +50,7 @@ class RunConfig:
     eval_every: int = 1
     local_test: float = 0.0  # fraction of each client's data held out (FedKF's AMP/FM/WLP)
     out: str | None = None
-    # server methods
-    refine_steps: int = 500
-    refine_lr: float | None = None
-    variant: str = "paper"
-    clr_min_round: int = 5
-    keep_training_on_average: bool = False
-    fusion_iterations: int = 10
-    fusion_student_steps: int = 5
-    fusion_batch: int | None = None
-    fedkf_kd_from_round: int = 0
-    fedkf_oca: str = "paper"
+    # the server methods' knobs (refine_steps, ..., fedkf_oca) are MethodSettings' fields
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "config") -> RunConfig:
@@ -87,7 +75,11 @@ class RunConfig:
         return cfg
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every key, the run's own first and the server methods' after them."""
+        d = asdict(self)
+        server = {f.name for f in fields(MethodSettings)}
+        return {**{k: v for k, v in d.items() if k not in server},
+                **{k: v for k, v in d.items() if k in server}}
 
     def identity(self) -> dict[str, Any]:
         """What makes two runs the same run (``out`` aside)."""
@@ -103,25 +95,28 @@ class RunConfig:
         except ValueError as exc:
             raise InputError(str(exc)) from None
 
-    def simulation(self, seed: int) -> SimulationConfig:
-        return SimulationConfig(dataset=self.dataset, clients=self.clients, split=self.split,
-                                ratio=self.ratio, rounds=self.rounds, arch=self.arch,
-                                norm=self.norm, target_size=self.target_size,
-                                image_size=self.image_size, channels=self.channels, seed=seed,
-                                local=self.local_config())
-
-    def settings(self) -> MethodSettings:
-        return MethodSettings(**{f.name: getattr(self, f.name) for f in
-                                 fields(MethodSettings)})
+    @property
+    def per_round(self) -> int:
+        """R·K: the clients selected each round."""
+        return max(1, int(round(self.ratio * self.clients)))
 
     def validate(self) -> None:
-        from mrtf.data import BUILTIN
+        from mrtf.data import BUILTIN, parse_split
         from mrtf.models import available_archs
 
         def bad(cond: bool, msg: str) -> None:
             if cond:
                 raise InputError(msg)
 
+        parse_split(self.split)
+        bad(self.dataset not in BUILTIN and not Path(self.dataset).is_file(),
+            f"unknown dataset {self.dataset!r}; built-in: {', '.join(BUILTIN)}, or a path to "
+            "an .h5 file")
+        bad(self.clients < 1, f"--clients must be >= 1, got {self.clients}")
+        bad(not 0 < self.ratio <= 1, f"--ratio must be in (0, 1], got {self.ratio}")
+        bad(self.ratio * self.clients < 1, f"--ratio {self.ratio} × --clients {self.clients} "
+            "selects no client per round (R·K < 1)")
+        bad(self.rounds < 1, f"--rounds must be >= 1, got {self.rounds}")
         bad(not self.methods, "no methods given")
         for m in self.methods:
             bad(m not in METHODS, f"unknown method {m!r}; choose from {', '.join(METHODS)}")
@@ -152,7 +147,7 @@ class RunConfig:
             bad(self.target not in BUILTIN and not Path(self.target).is_file(),
                 f"unknown target dataset {self.target!r}; built-in: {', '.join(BUILTIN)}, "
                 "or a path to an .h5 file")
-        self.simulation(self.seeds[0]).validate()
+        self.local_config()
 
     @property
     def cross_domain(self) -> bool:
@@ -201,28 +196,5 @@ def to_toml(data: dict[str, Any]) -> str:
 
 
 def prepare_run(cfg: RunConfig, seed: int) -> Federation:
-    """The seed's federation; for a cross-domain run the target set is replaced by held-out
-    samples of ``cfg.target``, resized and channel-converted to the source's shape."""
-    fed = prepare_federation(cfg.simulation(seed))
-    if cfg.local_test > 0:
-        fed.parts, fed.test_parts = split_local_test(fed.parts, cfg.local_test, seed)
-    if not cfg.cross_domain:
-        return fed
-    from mrtf.data import adapt_images, load_dataset, train_target_split
-
-    c, h, w = fed.x.shape[1:]
-    ds = load_dataset(cfg.target)
-    if ds.x.ndim != 4 or ds.x.shape[-1] != ds.x.shape[-2] or h != w:
-        raise InputError(f"target {cfg.target!r} images {tuple(ds.x.shape[1:])} do not fit the "
-                         f"source's models ({c}×{h}×{w}): only square images can be resized")
-    if ds.num_classes > fed.num_classes:
-        raise InputError(f"target {cfg.target!r} has {ds.num_classes} classes but the source's "
-                         f"models predict {fed.num_classes}")
-    x = adapt_images(ds.x, h, c)
-    n = len(ds.y)
-    _, idx = train_target_split(n, min(cfg.target_size, n - 1), seed)
-    fed.target_x = torch.from_numpy(np.ascontiguousarray(x[idx]))
-    fed.target_y = torch.from_numpy(ds.y[idx].astype(np.int64))
-    return fed
-
-
+    """The seed's federation (:func:`~mrtf.federated.federation.prepare_federation`)."""
+    return prepare_federation(cfg, seed)

@@ -1,0 +1,63 @@
+"""What a refined (or fused) model is made from and what it says about itself: a fresh student
+for a received set, and the bundle metadata that lets the result be received again."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from mrtf.errors import InputError
+from mrtf.io.bundles import BundleMeta, ReceivedSet
+from mrtf.models import build_model, image_kwargs
+
+
+def student_kwargs(rs: ReceivedSet, arch: str, shape: tuple[int, ...] | None) -> dict:
+    """``arch``'s keyword arguments for samples of ``shape`` (C, H, W); without data, the image
+    shape of a received image model."""
+    if shape is None:  # data-free: take the image shape from a received image model
+        kw = next((m.meta.arch_kwargs for m in rs.models
+                   if "in_channels" in m.meta.arch_kwargs), None)
+        if kw is None:
+            raise InputError("cannot tell the image shape for --student-arch without --data")
+        return image_kwargs(arch, kw["in_channels"], kw["image_size"])
+    if len(shape) == 3:
+        return image_kwargs(arch, shape[0], shape[-1])
+    return {}
+
+
+def new_student(rs: ReceivedSet, arch: str, seed: int, shape: tuple[int, ...] | None
+                ) -> tuple[nn.Module, BundleMeta]:
+    """A freshly initialised ``arch`` student for ``rs``'s classes, seeded by ``seed`` (the same
+    seed gives the same initial weights), with its bundle metadata."""
+    kwargs = student_kwargs(rs, arch, shape)
+    torch.manual_seed(seed)
+    model = build_model(arch, rs.num_classes, **kwargs)
+    return model, BundleMeta(arch=arch, num_classes=rs.num_classes, arch_kwargs=kwargs)
+
+
+def refined_meta(rs: ReceivedSet, student_meta: BundleMeta | None, method: str,
+                 config: dict[str, Any], calibration: Any = None) -> BundleMeta:
+    """Bundle metadata of the refined model (so it can be received again): the student's
+    architecture (else the received local models'), the summed label counts, the newest
+    round it refines, the method and its config. ``calibration`` (mrtf.trust.calibration):
+    its temperature and the estimate, for ``mrtf label`` (``mrtf.calibration``)."""
+    extra = {"mrtf.method": method,
+             "mrtf.config": json.dumps(config, sort_keys=True, default=str)}
+    if calibration is not None:
+        extra["mrtf.calibration"] = json.dumps(
+            {"temperature": calibration.temperature,
+             "estimated_accuracy": calibration.estimated_accuracy,
+             "plus_minus": calibration.plus_minus}, sort_keys=True)
+    base = student_meta or rs.by_role("local")[0].meta
+    counts = [m.meta.label_counts for m in rs.by_role("local")]
+    total = (np.sum(counts, axis=0).astype(int).tolist()
+             if all(c is not None for c in counts) else None)
+    rounds = [m.meta.round for m in rs.models if m.meta.round is not None]
+    return BundleMeta(arch=base.arch, num_classes=rs.num_classes, arch_kwargs=base.arch_kwargs,
+                      party="refined", role="refined", label_counts=total,
+                      round=max(rounds) if rounds else None,  # the round it refines
+                      extra=extra)
