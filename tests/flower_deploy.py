@@ -69,11 +69,12 @@ def toml_value(v: Any) -> str:
 
 def make_certificates(folder: Path) -> dict[str, Path]:
     """A self-signed CA and a server certificate for 127.0.0.1 and localhost (PEM files)."""
+    import ipaddress
+
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
-    import ipaddress
 
     now = datetime.datetime.now(datetime.timezone.utc)
     ca_key = ec.generate_private_key(ec.SECP256R1())
@@ -124,6 +125,9 @@ class Deployment:
         self.env = {**os.environ, "FLWR_HOME": str(self.home),
                     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
                     "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+                    # SuperExec looks for new tasks every second by default; each message
+                    # round trip would wait for it
+                    "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2",
                     "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
         self.certs = make_certificates(root / "certs") if tls else {}
         conn = {"address": f"127.0.0.1:{self.port}"}
@@ -184,17 +188,19 @@ class Deployment:
         return p.read_text(errors="replace") if p.exists() else ""
 
     def run(self, config: dict[str, Any], timeout: float = 240) -> tuple[int, str, float]:
-        """``flwr run APP local --stream --run-config FILE``: (exit code, output, seconds)."""
+        """``flwr run APP local --stream --run-config FILE`` through the launcher, which exits
+        2 on bad input: (exit code, output, seconds)."""
         cfg_file = self.root / f"run-{len(list(self.root.glob('run-*.toml')))}.toml"
         cfg_file.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in config.items()))
         t0 = time.perf_counter()
-        proc = self._spawn("flwr-run", [str(BIN / "flwr"), "run", str(APP_DIR), "local",
-                                        "--stream", "--run-config", str(cfg_file)])
+        name = f"flwr-run-{cfg_file.stem}"
+        proc = self._spawn(name, [sys.executable, "-m", "mrtf.engines.flower.launch", "local",
+                                  "--run-config", str(cfg_file), "--app", str(APP_DIR)])
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             rc = -1
-        return rc, self.log("flwr-run"), time.perf_counter() - t0
+        return rc, self.log(name), time.perf_counter() - t0
 
     def close(self) -> None:
         """SIGTERM every process and its descendants, SIGKILL what is left after 10 s."""

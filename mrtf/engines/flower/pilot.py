@@ -62,7 +62,7 @@ def run_pilot(grid: Any, cfg: FlowerConfig, ctx: ServerContext, strategy: Any, r
                          f"{' '.join(err) or 'no message'}")
     write_json(out / "summary.json", {"ok": True, "mode": "pilot", "method": cfg.pilot_method,
                                       "parties": [u.client for u in fl.last_updates],
-                                      "command": args[2:],
+                                      "command": args[3:],
                                       "averaged_accuracy": (fl.records[-1].get("accuracy")
                                                             if fl.records else None)})
     say(f"done: labels {out / 'labels.h5'}, refined model {out / 'refined.safetensors'}")

@@ -12,7 +12,13 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, Message, MetricRecord
 
-from mrtf.engines.flower.checks import Expected, PartyRejected, check_declared, client_update
+from mrtf.engines.flower.checks import (
+    Expected,
+    PartyRejected,
+    check_declared,
+    check_metrics,
+    client_update,
+)
 from mrtf.federated.methods import ClientUpdate
 
 
@@ -67,6 +73,8 @@ def reply_update(who: str, party: int, reply: Message, expected: Expected) -> Cl
     metrics = content.metric_records.get("metrics")
     if metrics is None:
         raise PartyRejected(f"{who}: sent no metrics (MetricRecord 'metrics')")
+    # the metadata first: a wrong class count is named as such, not as a tensor's shape
+    check_metrics(who, dict(metrics), expected.num_classes, expected.round)
     arrays = decode(who, content.array_records.get("arrays"), expected.state)
     return client_update(who, party, arrays, dict(metrics), expected)
 

@@ -1,0 +1,119 @@
+"""A real Flower deployment on loopback: a SuperLink and SuperNodes as separate processes, the
+mrtf app started with ``flwr run`` (through the launcher), compared with the in-process engine
+on the same seed and method. Marked ``deploy`` (``-m 'not deploy'`` leaves it out).
+
+The federation is mnist5k, 3 parties, 15 local steps, 2 rounds of FedAvg (the default; set
+``MRTF_DEPLOY_METHODS=fedavg,adaptive,...`` to compare more strategies, about 20-40 s a round
+each on a busy 2-core machine): small, but every piece runs (θ_t out, models back, checks, the
+strategy's aggregate, scoring). The pilot party (over TLS) runs the default refinery through
+``mrtf refine``. Both engines run with the suite's 2 threads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+pytest.importorskip("mlxtend")
+
+from flower_deploy import Deployment, write_federation  # noqa: E402
+
+from mrtf.federated.run_config import RunConfig  # noqa: E402
+from mrtf.io.hdf5 import read_labels, write_dataset  # noqa: E402
+
+pytestmark = pytest.mark.deploy
+
+THREADS = 2  # tests/conftest.py's SUITE_THREADS: floats depend on the thread count
+SEED = 0
+BASE = dict(dataset="mnist5k", clients=3, split="dirichlet:1.0", ratio=1.0, rounds=2,
+            epochs=1, local_steps=15, arch="lenet", target_size=300, seeds=[SEED],
+            refine_steps=20)
+
+
+def flower_config(target, out, **over) -> dict:
+    cfg = {"method": "adaptive", "num-rounds": BASE["rounds"], "seed": SEED, "clients": 3,
+           "target": str(target), "out": str(out), "epochs": BASE["epochs"],
+           "local-steps": BASE["local_steps"], "refine-steps": BASE["refine_steps"],
+           "threads": THREADS, "round-timeout": 120.0, "wait-nodes": 60.0}
+    cfg.update(over)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def parties(tmp_path_factory):
+    root = tmp_path_factory.mktemp("flower-data")
+    shards, target = write_federation(RunConfig(**BASE, methods=["adaptive"]), SEED, root)
+    # a fourth SuperNode whose data does not fit the model: 8×8 images
+    bad = root / "bad.h5"
+    write_dataset(bad, np.zeros((20, 1, 8, 8), np.float32), np.arange(20) % 10)
+    return shards, target, bad
+
+
+def in_process(tmp_path, method: str) -> list[dict]:
+    from mrtf.federated.runner import run
+
+    return run(RunConfig(**BASE, methods=[method]), tmp_path / f"inproc-{method}").records
+
+
+METHODS = os.environ.get("MRTF_DEPLOY_METHODS", "fedavg").split(",")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_deployment_matches_in_process_and_leaves_bad_parties_out(parties, tmp_path, method):
+    shards, target, bad = parties
+    nodes = [{"partition-id": k, "data": str(p)} for k, p in enumerate(shards)]
+    nodes.append({"partition-id": 3, "data": str(bad)})
+    with Deployment(tmp_path / "deploy", nodes, threads=THREADS) as d:
+        rc, log, seconds = d.run(flower_config(target, tmp_path / "out", method=method))
+        assert rc == 0, log[-3000:]
+        # the fourth node claims a party this 3-party run does not have: named, left out
+        assert "partition-id 3 is not in 0..2" in log
+        if method == METHODS[0]:
+            # four parties expected, all four required: the one whose data does not fit is
+            # named, and the run stops with one line and exit code 2
+            rc2, log2, _ = d.run(flower_config(target, tmp_path / "out2", clients=4,
+                                               **{"min-parties": 4}))
+            assert rc2 == 2, log2[-3000:]
+            assert "party 3" in log2 and "(1, 8, 8)" in log2, log2[-3000:]
+            errors = [ln for ln in log2.splitlines() if ln.startswith("mrtf: error:")]
+            assert len(errors) == 1 and "fewer than the minimum of 4" in errors[0], errors
+    rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text()
+            .splitlines()]
+    ref = in_process(tmp_path, method)
+    assert [r["round"] for r in rows] == [r["round"] for r in ref] == [1, 2]
+    for got, want in zip(rows, ref):
+        for col in ("accuracy", "averaged", "ensemble", "refined", "aca", "oca", "local_loss"):
+            assert got[col] == want[col], (col, got, want)
+    print(f"\nflower run {seconds:.1f} s; per round flower "
+          f"{[r['seconds'] for r in rows]} s, in-process {[r['seconds'] for r in ref]} s; "
+          f"accuracy {[r['accuracy'] for r in rows]}")
+
+
+def test_pilot_party_over_tls_writes_what_mrtf_refine_writes(parties, tmp_path):
+    shards, target, _ = parties
+    nodes = [{"partition-id": k, "data": str(p)} for k, p in enumerate(shards)]
+    out = tmp_path / "pilot"
+    with Deployment(tmp_path / "deploy", nodes, threads=THREADS, tls=True) as d:
+        rc, log, _ = d.run(flower_config(target, out, mode="pilot", **{"num-rounds": 1}))
+        assert rc == 0, log[-3000:]
+        assert "Uvicorn running on https://127.0.0.1:" in d.log("superlink")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["ok"] and summary["parties"] == [0, 1, 2]
+    assert sorted(p.name for p in (out / "received").iterdir()) == [
+        "party-000.safetensors", "party-001.safetensors", "party-002.safetensors"]
+    # the same command by hand on the collected models: the same labels, bit for bit
+    again = tmp_path / "again.h5"
+    args = summary["command"]
+    args[args.index("--labels") + 1] = str(again)
+    args[args.index("--model") + 1] = str(tmp_path / "again.safetensors")
+    env = {"OMP_NUM_THREADS": str(THREADS)}
+    subprocess.run([sys.executable, "-m", "mrtf.cli.main", *args], check=True,
+                   env={**os.environ, **env})
+    a, b = read_labels(out / "labels.h5"), read_labels(again)
+    assert np.array_equal(a.labels, b.labels) and np.array_equal(a.probs, b.probs)
