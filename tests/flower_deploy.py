@@ -142,6 +142,7 @@ class Deployment:
             self._start_superlink()
             for i, node in enumerate(nodes):
                 self._start_supernode(i, node)
+            self._wait_for_nodes(len(nodes))
         except BaseException:
             self.close()
             raise
@@ -175,6 +176,15 @@ class Deployment:
                 break
             time.sleep(0.2)
         raise RuntimeError(f"flower-superlink did not start: {self.log('superlink')[-2000:]}")
+
+    def _wait_for_nodes(self, n: int, timeout: float = 90) -> None:
+        """Until the SuperLink has activated ``n`` SuperNodes (a run started earlier would not
+        see the late ones)."""
+        deadline = time.monotonic() + timeout
+        while self.log("superlink").count("[Fleet.ActivateNode] Activated") < n:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"fewer than {n} SuperNodes connected in {timeout:g} s")
+            time.sleep(0.3)
 
     def _start_supernode(self, i: int, node: dict[str, Any]) -> None:
         cfg = " ".join(f"{k}={toml_value(v)}" for k, v in node.items())
