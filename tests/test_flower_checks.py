@@ -9,10 +9,9 @@ from dataclasses import fields
 
 import numpy as np
 import pytest
-import tomllib
 import torch
 
-from mrtf.engines.flower import APP_DIR
+from mrtf.engines.flower import APP_DIR, flwr_available
 from mrtf.engines.flower.checks import (
     Expected,
     PartyRejected,
@@ -120,6 +119,10 @@ def test_roster_leaves_out_what_does_not_fit_and_names_it():
 
 
 def test_run_config_keys_are_the_apps_and_checked():
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
     app = tomllib.loads((APP_DIR / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
     keys = {k.replace("-", "_") for k in app["config"]}
     assert keys == {f.name for f in fields(FlowerConfig)}
@@ -136,7 +139,8 @@ def test_run_config_keys_are_the_apps_and_checked():
 
 
 # ------------------------------------------------------------ a round with Flower's records
-flwr = pytest.importorskip("flwr")
+needs_flwr = pytest.mark.skipif(not flwr_available(),
+                                reason="needs flwr (pip install -e '.[flower]')")
 
 
 def reply(node: int, msg_id: str, content=None, error=None):
@@ -149,6 +153,7 @@ def reply(node: int, msg_id: str, content=None, error=None):
     return make_message(meta, content=content, error=error)
 
 
+@needs_flwr
 def test_records_round_trip_exactly_and_are_checked_before_decoding():
     from flwr.app import Array, ArrayRecord
 
@@ -167,6 +172,7 @@ def test_records_round_trip_exactly_and_are_checked_before_decoding():
     assert isinstance(rec, ArrayRecord)
 
 
+@needs_flwr
 def test_a_round_leaves_bad_parties_out_names_them_and_goes_on(monkeypatch):
     from flwr.app import ConfigRecord, Error, RecordDict
     from flwr.supercore.task_identity import TaskIdentity

@@ -59,6 +59,25 @@ def parties(tmp_path_factory):
     return shards, target, bad
 
 
+def own_model(shard, path):
+    """A model party 1 trained before the pilot party asked (a few steps on its shard)."""
+    from mrtf.federated.local import LocalConfig, local_train
+    from mrtf.io.bundles import BundleMeta, save_bundle
+    from mrtf.io.hdf5 import read_dataset
+    from mrtf.models import build_model, image_kwargs
+
+    x, y = read_dataset(shard)
+    torch.manual_seed(7)
+    kwargs = image_kwargs("lenet", 1, 28)
+    res = local_train(build_model("lenet", 10, **kwargs), torch.from_numpy(x),
+                      torch.from_numpy(y), 10, LocalConfig(steps=5, batch_size=16), seed=7)
+    save_bundle(path, res.model, BundleMeta(arch="lenet", num_classes=10, arch_kwargs=kwargs,
+                                            party="own", label_counts=res.label_counts,
+                                            n_samples=res.n_samples,
+                                            train_loss=res.train_loss))
+    return res.model.state_dict(), res.label_counts
+
+
 @pytest.fixture(autouse=True)
 def _threads():
     torch.set_num_threads(THREADS)
@@ -107,6 +126,9 @@ def test_deployment_matches_in_process_and_leaves_bad_parties_out(parties, tmp_p
 def test_pilot_party_over_tls_writes_what_mrtf_refine_writes(parties, tmp_path):
     shards, target, _ = parties
     nodes = [{"partition-id": k, "data": str(p)} for k, p in enumerate(shards)]
+    # party 1 trained its model already: it sends that one instead of training
+    trained, counts = own_model(shards[1], tmp_path / "own.safetensors")
+    nodes[1]["model"] = str(tmp_path / "own.safetensors")
     out = tmp_path / "pilot"
     with Deployment(tmp_path / "deploy", nodes, threads=THREADS, tls=True) as d:
         rc, log, _ = d.run(flower_config(target, out, mode="pilot", **{"num-rounds": 1}))
@@ -116,6 +138,11 @@ def test_pilot_party_over_tls_writes_what_mrtf_refine_writes(parties, tmp_path):
     assert summary["ok"] and summary["parties"] == [0, 1]
     assert sorted(p.name for p in (out / "received").iterdir()) == [
         "party-000.safetensors", "party-001.safetensors"]
+    from mrtf.io.bundles import load_bundle
+
+    sent = load_bundle(out / "received" / "party-001.safetensors")
+    assert all(torch.equal(sent.state_dict[k], v) for k, v in trained.items())
+    assert sent.meta.label_counts == counts
     # the same command by hand on the collected models: the same labels, bit for bit
     again = tmp_path / "again.h5"
     args = summary["command"]
