@@ -3,7 +3,8 @@
 shard via ``--node-config``, the mrtf app started with ``flwr run``. Bounded in time; every
 process (and every process they started) is ended by PID in ``close()``.
 
-``FLWR_HOME`` is a temporary folder and the per-run dependency install is off: no network.
+``FLWR_HOME`` is a temporary folder, the per-run dependency install and Flower's telemetry are
+off: no network.
 With ``tls`` the SuperLink serves TLS with a certificate for 127.0.0.1/localhost signed by a
 CA made here (:func:`make_certificates`), and the SuperNodes and ``flwr`` verify it.
 """
@@ -124,6 +125,8 @@ class Deployment:
         self.port = free_port()
         self.env = {**os.environ, "FLWR_HOME": str(self.home),
                     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+                    # Flower sends usage events to telemetry.flower.ai by default: no network
+                    "FLWR_TELEMETRY_ENABLED": "0",
                     "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
                     # SuperExec looks for new tasks every second by default; each message
                     # round trip would wait for it
