@@ -227,8 +227,12 @@ class Deployment:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-        for pid in pids + [c for p in pids for c in _children(p)]:
-            _signal(pid, signal.SIGKILL)
+        # what is left: the processes named above and anything our live processes started
+        # since (a dead process's number is not followed: it could be another's by now)
+        live = [p.pid for p in self.procs if p.poll() is None]
+        for pid in pids + [c for p in live for c in _children(p)]:
+            if Path(f"/proc/{pid}").exists():
+                _signal(pid, signal.SIGKILL)
         for proc in self.procs:
             try:
                 proc.wait(timeout=5)
