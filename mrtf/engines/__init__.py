@@ -1,0 +1,1 @@
+"""Engines that drive the federated strategies outside the in-process simulator (Flower)."""
