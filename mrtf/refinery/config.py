@@ -32,6 +32,7 @@ METHODS = tuple(METHOD_SPECS)
 VARIANTS = ("paper", "reference")
 #: The reference code normalises logits per inference batch (320-640 samples): we use 512.
 REF_STD_BATCH = 512
+STREAM_MODES = ("auto", "on", "off")
 
 
 @dataclass
@@ -50,6 +51,10 @@ class RefineConfig:
         (``BundleMeta.round`` < it; 0-based in memory, files count from 1): the paper skips
         the first 5 rounds, when θ_{t+1}'s features are not yet discriminative (Sect. 4.3);
         0 = always apply. Models without a round always get CLR.
+    stream : 'auto' (the streaming refinery, streaming.py, when the in-memory one would hold
+        more than ~768 MB), 'on' or 'off'. Same labels either way.
+    scratch_dir : where streaming puts its scratch folder (removed at the end); None = the
+        system's temporary folder. The CLI uses the labels file's folder.
     """
 
     method: str = "adaptive"
@@ -65,6 +70,8 @@ class RefineConfig:
     progress: bool = True
     inference_batch: int = 1024
     stack: str = "auto"
+    stream: str = "auto"
+    scratch_dir: str | None = None
 
     def validate(self) -> None:
         def bad(cond: bool, msg: str) -> None:
@@ -82,4 +89,5 @@ class RefineConfig:
         bad(self.clr_iterations < 0, f"clr iterations must be >= 0, got {self.clr_iterations}")
         bad(self.inference_batch < 1, "inference batch must be >= 1")
         bad(self.stack not in STACK_MODES, f"stack must be one of {STACK_MODES}")
+        bad(self.stream not in STREAM_MODES, f"stream must be one of {STREAM_MODES}")
 

@@ -29,6 +29,7 @@ from mrtf.refinery.teachers import (
     _softmax_np,
     avg_logit,
     avg_prob,
+    global_stds,
     stabilized_probs,
     teacher_logits,
 )
@@ -167,7 +168,7 @@ def _stabilized_blocks(logits: np.ndarray, config: RefineConfig):
     (K, M, C) logits plus one block instead of several (K, M, C) float64 temporaries."""
     k_all, m = logits.shape[:2]
     if config.variant == "paper":
-        stds = [logits[k].astype(np.float64).std() for k in range(k_all)]
+        stds = global_stds(logits)  # block-wise: the same numbers for a spilled array
         for s in range(0, m, TARGET_CHUNK):
             block = logits[:, s:s + TARGET_CHUNK]
             yield s, np.stack([_softmax_np(config.tau * block[k] / (stds[k] + 1e-8))
@@ -232,6 +233,10 @@ def refine(received, source, config: RefineConfig | None = None,
     """
     config = config or RefineConfig()
     config.validate()
+    if _streams(received, source, config):
+        from mrtf.refinery.streaming import refine_streaming
+
+        return refine_streaming(received, source, config, student)
     dev = pick_device(config.device)
     spec = METHOD_SPECS[config.method]
     plan = _plan(received, source, config, student, dev)
@@ -276,6 +281,15 @@ def refine(received, source, config: RefineConfig | None = None,
     if "adaptive" in extra:
         info.update(_trust_info(extra["adaptive"], probs, before))
     return RefineResult(model.eval(), probs, targets, before, info, timings)
+
+
+def _streams(received, source, config: RefineConfig) -> bool:
+    """Whether the streaming refinery (streaming.py) runs: by ``config.stream`` and size."""
+    from mrtf.refinery.streaming import use_streaming
+
+    k = len(received.models) + 1
+    dims = [t.shape[1] for m in received.models for t in m.state_dict.values() if t.dim() == 2]
+    return use_streaming(config, len(source), k, received.num_classes, max(dims, default=512))
 
 
 def _check_finite(logits: np.ndarray) -> None:

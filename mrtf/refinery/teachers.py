@@ -140,44 +140,146 @@ def teacher_logits(models: Sequence[nn.Module], source, batch_size: int = 1024,
     precision : 'fp32' (default) or 'bf16': groups on the fast path run in bfloat16 (argmax
         agreement ~99.7 %, fastpath.py); every other group stays fp32.
 
-    Returns logits (K, M, C) float32 (and features (M, D) float32).
+    Returns logits (K, M, C) float32 (and features (M, D) float32). The streaming refinery
+    (streaming.py) consumes :func:`teacher_chunks` instead and never holds them whole.
     """
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    dev = pick_device(device) if not isinstance(device, torch.device) else device
-    mode = resolve_stack(stack, dev)
-    models = [m.to(dev).eval() for m in models]
     m_total = len(source)
     logits: np.ndarray | None = None
     feats: np.ndarray | None = None
-    from tqdm import tqdm
-
-    bar = tqdm(total=m_total, desc=f"teachers ×{len(models)}", unit="sample", leave=False,
-               disable=not progress)
-    with torch.inference_mode(), bar:
-        for start, chunk in source.chunks(batch_size):
-            bar.update(len(chunk))
-            x = torch.from_numpy(np.ascontiguousarray(chunk)).to(dev)
-            if logits is None:
-                forwards = _group_forwards(models, mode, x[:8], precision)
-            parts = {}
-            for idx, fwd, _ in forwards:
-                out = fwd(x)
-                parts.update({i: out[j] for j, i in enumerate(idx)})
-            if logits is None:
-                c = parts[0].shape[-1]
-                logits = np.empty((len(models), m_total, c), dtype=np.float32)
-            for i, out in parts.items():
-                logits[i, start:start + len(x)] = out.float().cpu().numpy()
-            if features_of is not None:
-                h = features_of.to(dev).eval().forward_features(x)[0].flatten(1)
-                if feats is None:
-                    feats = np.empty((m_total, h.shape[1]), dtype=np.float32)
-                feats[start:start + len(x)] = h.float().cpu().numpy()
+    chunks = TeacherChunks(models, source, batch_size, device, features_of, stack, progress,
+                           precision)
+    for start, lg, h in chunks:
+        if logits is None:
+            logits = np.empty((len(models), m_total, lg.shape[-1]), dtype=np.float32)
+        logits[:, start:start + lg.shape[1]] = lg
+        if h is not None:
+            if feats is None:
+                feats = np.empty((m_total, h.shape[1]), dtype=np.float32)
+            feats[start:start + len(h)] = h
     assert logits is not None
-    kinds = [k for _, _, k in forwards]
+    kinds = chunks.kinds
     return TeacherOutputs(logits, feats, kinds.count("stacked"), kinds.count("loop"),
                           kinds.count("fast"))
+
+
+class TeacherChunks:
+    """Iterate ``(start, logits (K, m, C) float32, features (m, D) float32 or None)`` over the
+    target set in chunks of ``batch_size`` rows (arguments as :func:`teacher_logits`). The
+    next chunk is read from the source in a thread while the teachers run on this one
+    (:func:`prefetched`). ``kinds`` lists each architecture group's path after the first chunk.
+    """
+
+    def __init__(self, models: Sequence[nn.Module], source, batch_size: int = 1024,
+                 device: torch.device | str | None = None,
+                 features_of: nn.Module | None = None, stack: str | bool = "auto",
+                 progress: bool = False, precision: str = "fp32") -> None:
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        self.dev = pick_device(device) if not isinstance(device, torch.device) else device
+        self.mode = resolve_stack(stack, self.dev)
+        self.models = [m.to(self.dev).eval() for m in models]
+        self.source, self.batch_size, self.precision = source, batch_size, precision
+        self.features_of = None if features_of is None else features_of.to(self.dev).eval()
+        self.progress = progress
+        self.kinds: list[str] = []
+
+    def __iter__(self):
+        from tqdm import tqdm
+
+        forwards = None
+        bar = tqdm(total=len(self.source), desc=f"teachers ×{len(self.models)}",
+                   unit="sample", leave=False, disable=not self.progress)
+        with bar:
+            for start, chunk in prefetched(self.source.chunks(self.batch_size)):
+                bar.update(len(chunk))
+                with torch.inference_mode():
+                    x = torch.from_numpy(np.ascontiguousarray(chunk)).to(self.dev)
+                    if forwards is None:
+                        forwards = _group_forwards(self.models, self.mode, x[:8],
+                                                   self.precision)
+                        self.kinds = [k for _, _, k in forwards]
+                    out = np.empty((len(self.models), len(x), 0), dtype=np.float32)
+                    for idx, fwd, _ in forwards:
+                        part = fwd(x).float().cpu().numpy()
+                        if out.shape[2] == 0:
+                            out = np.empty((len(self.models), len(x), part.shape[-1]),
+                                           dtype=np.float32)
+                        out[idx] = part
+                    h = None
+                    if self.features_of is not None:
+                        h = self.features_of.forward_features(x)[0].flatten(1)
+                        h = h.float().cpu().numpy()
+                yield start, out, h
+
+
+def prefetched(chunks, depth: int = 2):
+    """The items of ``chunks``, produced by a reader thread up to ``depth`` ahead: HDF5 reads
+    and the uint8 → float32 scaling overlap the teachers' forward (torch releases the GIL).
+    The reader's exception is raised here, in order."""
+    import queue
+    import threading
+
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    done = object()
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def read() -> None:
+        try:
+            for item in chunks:
+                if not put(item):
+                    return
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            put(exc)
+            return
+        put(done)
+
+    worker = threading.Thread(target=read, daemon=True)
+    worker.start()
+    try:
+        while True:
+            item = q.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        worker.join()
+
+
+#: rows per block of :func:`global_stds` (a fixed block: the float64 sums, and so Eq. 6's
+#: std, are the same whether the logits are in memory or spilled to disk)
+STD_BLOCK = 65_536
+
+
+def global_stds(logits, block: int | None = None) -> np.ndarray:
+    """Eq. 6's std_k for each teacher: population std of its logits over all M samples and
+    all C classes, exact two-pass in float64 over row blocks. ``logits`` is (K, M, C): an
+    ndarray, or anything that returns ``logits[:, s:e]`` blocks (spill.TeacherMajor).
+    Memory: one block, not a float64 copy of a teacher's (M, C) logits."""
+    k, m, c = logits.shape
+    block = block or STD_BLOCK
+    sums = np.zeros(k)
+    for s in range(0, m, block):
+        lg = logits[:, s:s + block]
+        sums += [np.ascontiguousarray(lg[i], dtype=np.float64).sum() for i in range(k)]
+    mean = sums / (m * c)
+    sq = np.zeros(k)
+    for s in range(0, m, block):
+        lg = logits[:, s:s + block]
+        sq += [np.square(np.ascontiguousarray(lg[i], dtype=np.float64) - mean[i]).sum()
+               for i in range(k)]
+    return np.sqrt(sq / (m * c))
 
 
 def _softmax_np(z: np.ndarray) -> np.ndarray:
