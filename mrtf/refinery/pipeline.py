@@ -61,9 +61,12 @@ def accuracy_of(probs: np.ndarray, y: np.ndarray) -> float:
 
 
 def predict_probs(model: nn.Module, source, batch_size: int = 1024,
-                  device: torch.device | str | None = None) -> np.ndarray:
-    """σ(f(x)) of one model on the whole source, streamed, inference mode → (M, C) float32."""
-    out = teacher_logits([model], source, batch_size, device, stack="loop").logits[0]
+                  device: torch.device | str | None = None, stack: str = "loop"
+                  ) -> np.ndarray:
+    """σ(f(x)) of one model on the whole source, streamed, inference mode → (M, C) float32.
+    ``stack`` as teacher_logits: refine passes its own ('auto': the CPU fast path, ~5x the
+    loop for zoo conv nets), so the labels come from the path the teachers took."""
+    out = teacher_logits([model], source, batch_size, device, stack=stack).logits[0]
     return _softmax_np(out)
 
 
@@ -273,7 +276,8 @@ def refine(received, source, config: RefineConfig | None = None,
                         config.lr, config.seed, dev, config.variant, config.progress)
         timings["distill"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    probs = before if not teachers else predict_probs(model, source, config.inference_batch, dev)
+    probs = before if not teachers else \
+        predict_probs(model, source, config.inference_batch, dev, config.stack)
     timings["predict"] = time.perf_counter() - t0
     info = {"method": config.method, "variant": config.variant, "u_t": u,
             "teachers": len(plan.locals_), "heterogeneous": plan.heterogeneous,

@@ -139,7 +139,7 @@ def refine_streaming(received, source, config: RefineConfig,
         timings["distill"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     probs = before if not teachers else pl.predict_probs(model, source, config.inference_batch,
-                                                         dev)
+                                                         dev, config.stack)
     timings["predict"] = time.perf_counter() - t0
     info = {"method": config.method, "variant": config.variant, "u_t": u,
             "teachers": len(plan.locals_), "heterogeneous": plan.heterogeneous,

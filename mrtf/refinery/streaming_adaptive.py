@@ -30,32 +30,35 @@ from mrtf.refinery.adaptive import (
     _verdict,
     cluster_weight,
 )
-from mrtf.refinery.cluster import kmeans_assign
+from mrtf.refinery.cluster import _one_blas_thread, kmeans_assign
 from mrtf.refinery.consensus import Consensus
 
 BLOCK = 65_536  # rows per EM block: 65k × 12 sources × 10 classes × 8 B = 63 MB of views
 
 
 class BlockViews:
-    """The live sources' votes (float64, as dawid_skene converts them) for a block of rows,
-    read from the (M, S, C) spill, plus the cluster view rebuilt one-hot from its (M,)
-    assignments."""
+    """The live sources' votes for a block of rows, read from the (M, S, C) spill: one
+    (m, L·C) float64 matrix (L live sources side by side, so that each EM half is one GEMM
+    for all of them), plus the cluster view's (M,) assignments (one-hot, A = ``clusters``)."""
 
     def __init__(self, probs, live: Sequence[int], assign: np.ndarray | None = None,
                  clusters: int = 0) -> None:
         self.probs, self.live, self.assign, self.clusters = probs, list(live), assign, clusters
 
-    def __len__(self) -> int:
-        return len(self.live) + (self.assign is not None)
+    def raw(self, s: int, e: int) -> np.ndarray:
+        """(m, S, C) float32 rows of the spill."""
+        return self.probs[s:e]
 
-    def read(self, s: int, e: int) -> list[np.ndarray]:
-        block = self.probs[s:e]
-        out = [np.ascontiguousarray(block[:, i], dtype=np.float64) for i in self.live]
-        if self.assign is not None:
-            hot = np.zeros((len(block), self.clusters), dtype=np.float64)
-            hot[np.arange(len(block)), self.assign[s:e]] = 1.0
-            out.append(hot)
-        return out
+    def read(self, s: int, e: int) -> tuple[np.ndarray, np.ndarray | None]:
+        block = self.raw(s, e)
+        if len(self.live) < block.shape[1]:  # (a copy; skipped when every source is live)
+            block = block[:, self.live]
+        votes = block.reshape(len(block), -1).astype(np.float64)
+        if self.assign is None:
+            return votes, None
+        hot = np.zeros((len(block), self.clusters), dtype=np.float64)
+        hot[np.arange(len(block)), self.assign[s:e]] = 1.0
+        return votes, hot
 
 
 def _init(views: BlockViews, nl: int, m: int, post: np.ndarray, normalise: bool = True
@@ -64,23 +67,33 @@ def _init(views: BlockViews, nl: int, m: int, post: np.ndarray, normalise: bool 
     it is, for adaptive._consensus' fall-back); returns its mean max (the bar EM must
     clear)."""
     top = 0.0
+    use = views.live[:nl] if nl else views.live
     for s in range(0, m, BLOCK):
-        vs = [v.astype(np.float32) for v in views.read(s, s + BLOCK)[:len(views.live)]]
-        init = np.mean(vs[:nl] if nl else vs, axis=0)  # float32, as adaptive.py
+        block = views.raw(s, s + BLOCK)
+        # a list averaged over axis 0, as adaptive.py does: the same float32 additions
+        init = np.mean([block[:, i] for i in use], axis=0)
         top += float(init.max(1).astype(np.float64).sum())
         p = init.astype(np.float64)
         post[s:s + BLOCK] = p / p.sum(1, keepdims=True) if normalise else p
     return top / m
 
 
+def _cross(t: np.ndarray, votes: np.ndarray, hot: np.ndarray | None, c: int
+           ) -> list[np.ndarray]:
+    """Σ_x T(x, c) V_v(x, a) of one block for every view: [(C, A_v)]."""
+    both = t.T @ votes
+    out = [both[:, i:i + c] for i in range(0, both.shape[1], c)]
+    return out + ([t.T @ hot] if hot is not None else [])
+
+
 def _stats(views: BlockViews, post: np.ndarray, m: int) -> tuple[np.ndarray, list[np.ndarray]]:
-    mass = np.zeros(post.shape[1])
+    c = post.shape[1]
+    mass = np.zeros(c)
     cross: list[np.ndarray] | None = None
     for s in range(0, m, BLOCK):
         t = post[s:s + BLOCK]
-        vs = views.read(s, s + BLOCK)
         mass += t.sum(0)
-        parts = [t.T @ v for v in vs]
+        parts = _cross(t, *views.read(s, s + BLOCK), c)
         cross = parts if cross is None else [a + b for a, b in zip(cross, parts)]
     assert cross is not None
     return mass, cross
@@ -99,9 +112,13 @@ def dawid_skene_blocks(views: BlockViews, post: np.ndarray, weights: Sequence[fl
                        iterations: int = 30, smoothing: float = 1.0, tol: float = 1e-6
                        ) -> Consensus:
     """consensus.dawid_skene over row blocks; ``post`` (M, C) float64 holds the normalised
-    start and is updated in place (the returned Consensus' posterior)."""
-    m = len(post)
+    start and is updated in place (the returned Consensus' posterior). The models' evidence
+    Σ_v λ_v V_v log π_vᵀ is one GEMM against their stacked λ_v log π_vᵀ (the in-memory path
+    adds the views one by one: the same terms, summed in another order); the cluster view's
+    is a row gather (its votes are one-hot)."""
+    m, c = post.shape
     w = np.asarray(weights, dtype=np.float64)
+    nviews = len(views.live)
     mass, cross = _stats(views, post, m)
     pis: list[np.ndarray] = []
     done, loglik = 0, float("-inf")
@@ -110,15 +127,15 @@ def dawid_skene_blocks(views: BlockViews, post: np.ndarray, weights: Sequence[fl
         prior = mass + 1e-6
         prior /= prior.sum()
         pis = _confusions(cross, smoothing)
-        logs = [np.log(pi).T for pi in pis]
-        mass, cross, moved, loglik = np.zeros_like(mass), [np.zeros_like(c) for c in cross], \
+        stacked = np.concatenate([lam * np.log(pi).T for pi, lam in zip(pis[:nviews], w)])
+        lp_hot = w[nviews] * np.log(pis[nviews]).T if len(pis) > nviews else None
+        mass, cross, moved, loglik = np.zeros_like(mass), [np.zeros_like(x) for x in cross], \
             0.0, 0.0
         for s in range(0, m, BLOCK):
-            vs = views.read(s, s + BLOCK)
-            log_t = np.broadcast_to(np.log(prior), (len(vs[0]), len(prior))).copy()
-            for v, lp, lam in zip(vs, logs, w):
-                if lam:
-                    log_t += lam * (v @ lp)
+            votes, hot = views.read(s, s + BLOCK)
+            log_t = np.log(prior) + votes @ stacked
+            if lp_hot is not None and w[nviews]:
+                log_t += lp_hot[views.assign[s:s + BLOCK]]
             top = log_t.max(1, keepdims=True)
             log_t -= top
             new = np.exp(log_t)
@@ -127,7 +144,7 @@ def dawid_skene_blocks(views: BlockViews, post: np.ndarray, weights: Sequence[fl
             moved = max(moved, float(np.abs(new - post[s:s + BLOCK]).max()))
             post[s:s + BLOCK] = new
             mass += new.sum(0)
-            cross = [a + new.T @ v for a, v in zip(cross, vs)]
+            cross = [a + b for a, b in zip(cross, _cross(new, votes, hot, c))]
         if moved < tol:
             break
     prior = mass + 1e-6
@@ -157,7 +174,18 @@ def adaptive_targets_blocks(probs, lo: np.ndarray, hi: np.ndarray, names: Sequen
                             num_local: int | None = None) -> AdaptiveTargets:
     """adaptive.adaptive_targets on a (M, S, C) float32 spill ``probs`` (read by row slices),
     with each source's running min ``lo`` and max ``hi`` (S, C) over the samples (dead
-    sources), and θ_{t+1}'s features (M, D) for the cluster view read the same way."""
+    sources), and θ_{t+1}'s features (M, D) for the cluster view read the same way.
+
+    On one BLAS thread: the EM's GEMMs are thin (65k × 10 by 10), and OpenBLAS's 2-thread
+    pool on this loaded 2-core machine ran them at ~0.5 GFLOP/s (44 s for M = 100k)."""
+    with _one_blas_thread():
+        return _adaptive_targets_blocks(probs, lo, hi, names, self_probs, features, seed,
+                                        num_local)
+
+
+def _adaptive_targets_blocks(probs, lo: np.ndarray, hi: np.ndarray, names: Sequence[str],
+                             self_probs: np.ndarray, features, seed: int,
+                             num_local: int | None) -> AdaptiveTargets:
     m, s_all, c = probs.shape
     num_local = max(1, s_all - 2) if num_local is None else num_local
     live = live_sources(lo, hi, m)
