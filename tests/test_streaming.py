@@ -60,3 +60,23 @@ def test_streaming_paper_methods_bitwise(setup, tmp_path, method, variant):
     mem, out = _both(*setup, tmp_path, method=method, variant=variant, steps=5)
     np.testing.assert_array_equal(out.target_probs, mem.target_probs)
     np.testing.assert_array_equal(out.probs, mem.probs)
+
+
+def test_cli_stream_on_writes_the_same_labels(digits_federation, tmp_path):
+    from click.testing import CliRunner
+
+    from mrtf.cli.main import cli
+    from mrtf.io.hdf5 import read_labels
+
+    received, target, _ = digits_federation
+    out = {}
+    for mode in ("off", "on"):
+        folder = tmp_path / mode
+        res = CliRunner().invoke(cli, ["refine", str(received), "--data", str(target),
+                                       "--labels", str(folder / "l.h5"), "--steps", "10",
+                                       "--stream", mode, "--quiet"], catch_exceptions=False)
+        assert res.exit_code == 0, res.output
+        assert [p.name for p in folder.iterdir()] == ["l.h5"]  # no scratch left
+        out[mode] = read_labels(folder / "l.h5")
+    np.testing.assert_array_equal(out["on"].labels, out["off"].labels)
+    assert out["on"].attrs["method"] == out["off"].attrs["method"]
