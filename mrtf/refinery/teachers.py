@@ -23,7 +23,7 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from mrtf.device import pick_device
-from mrtf.refinery.fastpath import PRECISIONS, fast_forward
+from mrtf.refinery.fastpath import PRECISIONS, fast_features, fast_forward
 
 STD_MODES = ("global", "batch")
 STACK_MODES = ("auto", "fast", "vmap", "nhwc", "loop")
@@ -195,21 +195,40 @@ class TeacherChunks:
                 with torch.inference_mode():
                     x = torch.from_numpy(np.ascontiguousarray(chunk)).to(self.dev)
                     if forwards is None:
-                        forwards = _group_forwards(self.models, self.mode, x[:8],
-                                                   self.precision)
-                        self.kinds = [k for _, _, k in forwards]
-                    out = np.empty((len(self.models), len(x), 0), dtype=np.float32)
+                        forwards, fused = self._forwards(x[:8])
+                    parts: dict[int, np.ndarray] = {}
                     for idx, fwd, _ in forwards:
-                        part = fwd(x).float().cpu().numpy()
-                        if out.shape[2] == 0:
-                            out = np.empty((len(self.models), len(x), part.shape[-1]),
-                                           dtype=np.float32)
-                        out[idx] = part
+                        out = fwd(x).float().cpu().numpy()
+                        parts.update({i: out[j] for j, i in enumerate(idx)})
                     h = None
-                    if self.features_of is not None:
+                    if fused is not None:  # θ_{t+1}: features and logits in one pass
+                        h_t, lg_t = fused[1](x)
+                        h = h_t.float().cpu().numpy()
+                        if fused[0] is not None:
+                            parts[fused[0]] = lg_t.float().cpu().numpy()
+                    elif self.features_of is not None:
                         h = self.features_of.forward_features(x)[0].flatten(1)
                         h = h.float().cpu().numpy()
-                yield start, out, h
+                    lg = np.stack([parts[i] for i in range(len(self.models))]) if parts \
+                        else np.empty((0, len(x), 0), np.float32)
+                yield start, lg, h
+
+    def _forwards(self, probe: torch.Tensor):
+        """The group forwards, and (index of features_of among the models or None, its fused
+        features + logits forward) when features_of takes the fast path (fp32 only)."""
+        fused = None
+        if self.features_of is not None and self.mode == "fast" and self.precision == "fp32":
+            run = fast_features(self.features_of, probe)
+            if run is not None:
+                at = next((i for i, m in enumerate(self.models) if m is self.features_of),
+                          None)
+                fused = (at, run)
+        rest = [i for i in range(len(self.models)) if fused is None or i != fused[0]]
+        forwards = [([rest[j] for j in idx], fwd, kind) for idx, fwd, kind in
+                    _group_forwards([self.models[i] for i in rest], self.mode, probe,
+                                    self.precision)]
+        self.kinds = [k for _, _, k in forwards]
+        return forwards, fused
 
 
 def prefetched(chunks, depth: int = 2):
