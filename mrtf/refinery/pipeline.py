@@ -3,6 +3,8 @@
 ``refine`` is a pure function of (models, data, config): teachers' logits are computed once
 (teachers.py), turned into distillation targets by the chosen method (Eq. 3, 6-7, 10, 11-12),
 and distilled into θ_{t+1} or a student (Eq. 1-2). The target's ``y`` is never read.
+Large target sets go to the streaming refinery (streaming.py, ``RefineConfig.stream``), which
+gives the same labels with memory flat in M.
 """
 
 from __future__ import annotations
