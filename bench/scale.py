@@ -229,8 +229,9 @@ def plot_e2e(rows: list[dict], out: Path) -> None:
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
     ms = [r["M"] for r in rows]
     for i, name in enumerate(E2E_STAGES):
+        label = "targets (clr / consensus)" if name == "clr" else name
         ax_t.plot(ms, [max(r["stages"][name]["s"], 1e-2) for r in rows], "-o", color=f"C{i}",
-                  label=name)
+                  label=label)
     ax_t.plot(ms, [r["wall_s"] for r in rows], "-k", label="wall")
     ax_m.plot(ms, [r["peak_rss_mb"] for r in rows], "-ok", label="peak RSS")
     ax_m.plot(ms, [r["outputs_mb"] for r in rows], "--", color="grey",
