@@ -58,3 +58,15 @@ def test_prefetched_keeps_order_and_raises():
     gen = prefetched(iter(range(1000)))
     assert next(gen) == 0
     gen.close()  # the reader thread stops and is joined
+
+
+def test_stale_scratch_of_a_killed_run_is_removed_live_one_kept(tmp_path):
+    stale = tmp_path / ".mrtf-scratch-deadbeef"
+    stale.mkdir()
+    (stale / "logits.bin").write_bytes(b"x" * 10)
+    with Scratch(tmp_path) as live:
+        assert not stale.exists()
+        with Scratch(tmp_path) as other:  # a second run beside it: the first is locked
+            assert live.dir.exists() and other.dir != live.dir
+        assert live.dir.exists()
+    assert list(tmp_path.iterdir()) == []

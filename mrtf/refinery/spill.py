@@ -10,6 +10,7 @@ repeated passes from memory when there is room.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import tempfile
@@ -77,20 +78,54 @@ class SpillArray:
             self._fd = -1
 
 
+PREFIX = ".mrtf-scratch-"
+
+
+def _claim(folder: Path) -> int | None:
+    """An fd holding ``flock`` on ``folder/lock``, or None when a live run holds it."""
+    try:
+        fd = os.open(folder / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+                     0o600)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def remove_stale(where: Path) -> None:
+    """Remove scratch folders in ``where`` that no live run holds (a SIGKILLed run's): every
+    run holds ``flock`` on its folder's lock file while it works."""
+    for old in where.glob(f"{PREFIX}*"):
+        if not old.is_dir() or old.is_symlink():
+            continue
+        fd = _claim(old)
+        if fd is not None:
+            shutil.rmtree(old, ignore_errors=True)
+            os.close(fd)
+
+
 class Scratch:
     """A hidden scratch folder (``.mrtf-scratch-XXXX``) in ``where`` (default: the system's
     temporary folder), holding :class:`SpillArray` files; removed with everything in it when
-    the ``with`` block ends, on error too."""
+    the ``with`` block ends, on error too. It is locked while in use, and the folders of
+    killed runs (SIGKILL, power loss) found in ``where`` are removed on the way in."""
 
     def __init__(self, where: str | os.PathLike | None = None) -> None:
         self.where = where
         self.dir: Path | None = None
+        self._lock: int | None = None
         self._arrays: list[SpillArray] = []
 
     def __enter__(self) -> Scratch:
-        if self.where is not None:
-            Path(self.where).mkdir(parents=True, exist_ok=True)
-        self.dir = Path(tempfile.mkdtemp(prefix=".mrtf-scratch-", dir=self.where))
+        where = Path(self.where if self.where is not None else tempfile.gettempdir())
+        where.mkdir(parents=True, exist_ok=True)
+        remove_stale(where)
+        self.dir = Path(tempfile.mkdtemp(prefix=PREFIX, dir=where))
+        self._lock = _claim(self.dir)
         return self
 
     def array(self, name: str, shape: tuple[int, ...], dtype=np.float32) -> SpillArray:
@@ -104,6 +139,9 @@ class Scratch:
             arr.close()
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
 
 
 class TeacherMajor:
