@@ -9,6 +9,13 @@ cached there too. At the end every cached cell goes into one JSON and one plot.
 
     python bench/scale.py --M 10000 100000 --K 10          # what fits in a few minutes
     python bench/scale.py --M 10000 100000 1000000 --K 10 50
+
+``--e2e`` times the whole ``mrtf refine`` command instead (streaming, issue 14): K LeNet
+parties from a one-round ``mrtf simulate`` on mnist5k, the tiled target set, ``--stream
+on``; per stage from ``--json`` timings, peak RSS of the command (``ru_maxrss`` of the child),
+wall, the load average before and after. Cells ``e2e-M*-K*.json``; ``scale-e2e.json/png``.
+
+    python bench/scale.py --e2e --M 100000 1000000 --K 10 --threads 2
 """
 
 from __future__ import annotations
@@ -138,7 +145,16 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--dir", default="runs/scale")
     ap.add_argument("--cell", nargs=2, metavar=("H5", "K"), help=argparse.SUPPRESS)
+    ap.add_argument("--e2e", action="store_true", help="time `mrtf refine --stream on`")
+    ap.add_argument("--method", default="adaptive", help="--e2e: the refine method")
+    ap.add_argument("--e2e-cell", nargs=2, type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.e2e_cell:
+        m, k = args.e2e_cell
+        print(json.dumps(run_e2e(Path(args.dir), m, k, args.threads, args.method)))
+        return
+    if args.e2e:
+        return main_e2e(args)
     if args.cell:
         row = run_cell(Path(args.cell[0]), int(args.cell[1]), args.steps, args.threads)
         print(json.dumps(row))
@@ -161,6 +177,96 @@ def main() -> None:
     (root / "scale.json").write_text(json.dumps(rows, indent=2))
     plot(rows, root / "scale.png")
     print(f"saved {root / 'scale.json'} and {root / 'scale.png'} ({len(rows)} cells)")
+
+
+E2E_STAGES = ("teachers", "clr", "distill", "predict", "write")
+
+
+def received_parties(root: Path, k: int) -> Path:
+    """K LeNet parties (and θ_t) of one FedAvg round on mnist5k, exported once."""
+    out = root / f"received-K{k}"
+    if not out.exists():
+        subprocess.run(["mrtf", "simulate", "--dataset", "mnist5k", "--clients", str(k),
+                        "--split", "dirichlet:0.5", "--ratio", "1.0", "--rounds", "1",
+                        "--epochs", "1", "--arch", "lenet", "--seed", "0", "--quiet",
+                        "--export-received", str(out)], check=True)
+    return out
+
+
+def run_e2e(root: Path, m: int, k: int, threads: int, method: str) -> dict:
+    """``mrtf refine`` of the tiled set, streamed, in a child process: its stages, wall,
+    peak RSS."""
+    h5 = tiled_h5(root / f"mnist5k-tiled-{m}.h5", m)
+    out = root / f"out-M{m}-K{k}"
+    cmd = ["mrtf", "refine", str(received_parties(root, k)), "--data", str(h5), "--labels",
+           str(out / "labels.h5"), "--model", str(out / "refined.safetensors"), "--method",
+           method, "--stream", "on", "--force", "--json", "--quiet"]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    load0, t0 = os.getloadavg()[0], time.perf_counter()
+    proc = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t0
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    stages = {n: {"s": v} for n, v in summary["timings"].items()}
+    stages["write"] = {"s": wall - sum(v["s"] for v in stages.values())}  # + start-up
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    rss = usage.ru_maxrss / 1024
+    for p in out.iterdir():  # the labels and model are not kept (1M: 60 MB)
+        p.unlink()
+    out.rmdir()
+    return {"M": m, "K": k, "threads": threads, "method": method, "commit": _commit(),
+            "wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,  # the load-free figure
+            "peak_rss_mb": rss, "load_before": load0,
+            "load_after": os.getloadavg()[0], "stages": stages,
+            "outputs_mb": m * 10 * (3 * 4 + 2 * 8) / 2**20}
+
+
+def plot_e2e(rows: list[dict], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
+    ms = [r["M"] for r in rows]
+    for i, name in enumerate(E2E_STAGES):
+        label = "targets (clr / consensus)" if name == "clr" else name
+        ax_t.plot(ms, [max(r["stages"][name]["s"], 1e-2) for r in rows], "-o", color=f"C{i}",
+                  label=label)
+    ax_t.plot(ms, [r["wall_s"] for r in rows], "-k", label="wall")
+    ax_m.plot(ms, [r["peak_rss_mb"] for r in rows], "-ok", label="peak RSS")
+    ax_m.plot(ms, [r["outputs_mb"] for r in rows], "--", color="grey",
+              label="(M, C) outputs held")
+    for ax, ylabel in ((ax_t, "seconds"), (ax_m, "MB")):
+        ax.set(xscale="log", yscale="log", xlabel="target-set size M", ylabel=ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    ks = sorted({r["K"] for r in rows})
+    fig.suptitle(f"mrtf refine --stream on, K={ks} LeNets (bench/scale.py --e2e; "
+                 f"{rows[0]['threads']} threads, loaded 2-core machine)")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+def main_e2e(args: argparse.Namespace) -> None:
+    root = Path(args.dir)
+    root.mkdir(parents=True, exist_ok=True)
+    for m in args.M:
+        for k in args.K:
+            done = root / f"e2e-M{m}-K{k}.json"
+            if not done.exists():
+                # one child per cell: RUSAGE_CHILDREN is this process' children's maximum
+                cmd = [sys.executable, __file__, "--e2e-cell", str(m), str(k), "--dir",
+                       str(root), "--threads", str(args.threads), "--method", args.method]
+                row = subprocess.check_output(cmd).decode().splitlines()[-1]
+                done.write_text(json.dumps(json.loads(row), indent=2))
+            r = json.loads(done.read_text())
+            print(f"M={m} K={k}: wall {r['wall_s']:.0f}s, peak RSS {r['peak_rss_mb']:.0f} MB, "
+                  + " ".join(f"{n} {v['s']:.1f}s" for n, v in r["stages"].items()), flush=True)
+    rows = sorted((json.loads(p.read_text()) for p in root.glob("e2e-M*-K*.json")),
+                  key=lambda r: (r["K"], r["M"]))
+    (root / "scale-e2e.json").write_text(json.dumps(rows, indent=2))
+    plot_e2e(rows, root / "scale-e2e.png")
+    print(f"saved {root / 'scale-e2e.json'} and {root / 'scale-e2e.png'}")
 
 
 def _fmt(r: dict) -> str:

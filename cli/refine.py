@@ -28,6 +28,7 @@ from mrtf.io.parties import describe, duplicate_parties, plan_parties
 from mrtf.io.refined import new_student, refined_meta
 from mrtf.progress import log_lines
 from mrtf.refinery import METHODS, RefineConfig, accuracy_of, predict_probs, refine
+from mrtf.refinery.streaming import memory_estimate, use_streaming
 from mrtf.scoring import score_labels
 from mrtf.trust.calibration import uncalibrated
 from mrtf.trust.metrics import ece
@@ -89,6 +90,11 @@ from mrtf.trust.selective import check_selection, select
 @click.option("--trust-arch", multiple=True, help="A package.module:factory you trust.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default=None, help="cpu, cuda, ... (default: CUDA when present).")
+@click.option("--stream", type=click.Choice(["auto", "on", "off"]), default="auto",
+              show_default=True,
+              help="Stream the target set: teachers' outputs go to a scratch folder beside the "
+                   "labels (removed at the end), memory stays flat in the number of samples. "
+                   "auto: when holding them would take more than ~768 MB. Same labels.")
 @click.option("--force", is_flag=True, help="Replace existing outputs.")
 @output_options
 def refine_cmd(received: Path, data: Path | None, labels_out: Path | None,
@@ -142,13 +148,11 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, outs: Outputs,
                       labels_out: Path | None, model_out: Path | None, opts: dict[str, Any],
                       out: Out) -> None:
     student, student_meta = load_student(rs, opts, source.sample_shape, out)
-    # the teachers' outputs (K × M × C logits, probabilities, targets) and the features of
-    # M samples are held in memory: a file declaring 10^8 rows is refused here, not by the OOM
-    # killer later
-    k, c, m = len(rs.models) + 1, rs.num_classes, len(source)
-    check_memory(m * (4 * k * c + 8 * c + _feature_dim(rs)) * 4,
-                 f"refining {m:,} samples with {k - 1} models and {c} classes")
-    outs.check_space(_estimated_bytes(rs, len(source), labels_out, model_out))
+    # in memory the teachers' outputs (K × M × C) and the features of M samples are held;
+    # streaming holds (M, C) arrays and spills the rest beside the outputs: a file declaring
+    # 10^9 rows is refused here, not by the OOM killer (or a full disk) later
+    k, c, m, d = len(rs.models) + 1, rs.num_classes, len(source), _feature_dim(rs)
+    scratch = next(p for p in (labels_out, model_out, opts["csv_out"]) if p is not None)
     cfg = RefineConfig(method=opts["method"], variant=opts["variant"], tau=opts["tau"],
                        steps=500 if opts["steps"] is None else opts["steps"],
                        batch_size=opts["batch_size"], lr=opts["lr"],
@@ -156,7 +160,16 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, outs: Outputs,
                        clr_min_round=opts["clr_min_round"], seed=opts["seed"],
                        device=opts["device"], progress=out.progress,
                        class_prior=opts["class_prior"],
-                       trust=opts["trust"], aggregate=opts["aggregate"])
+                       trust=opts["trust"], aggregate=opts["aggregate"],
+                       stream=opts["stream"], scratch_dir=str(scratch.parent))
+    streaming = use_streaming(cfg, m, k, c, d)
+    check_memory(memory_estimate(m, k, c, d, streaming),
+                 f"refining {m:,} samples with {k - 1} models and {c} classes")
+    space = _estimated_bytes(rs, len(source), labels_out, model_out)
+    if streaming:  # the scratch files: logits (M, K, C) and features (M, D), float32
+        space[scratch] = space.get(scratch, 0) + m * (k * c + d) * 4
+    outs.check_space(space)
+    cfg.stream = "on" if streaming else "off"
     probe_outputs(rs, source, student)
     # the refined model's metadata must be writable: find out now, not after the work
     refined_meta(rs, student_meta, cfg.method, {}).validate("the refined model's metadata")

@@ -64,3 +64,25 @@ def test_kmeans_view_deterministic_and_follows_blobs():
     purity = sum(np.bincount(y[a[:, j] == 1]).max() for j in range(8) if a[:, j].any())
     assert purity / len(y) > 0.95
     np.testing.assert_allclose(normalised_f32(f * 7.0), f, atol=1e-6)
+
+
+def test_kmeans_and_clr_read_spilled_features_as_arrays(tmp_path):
+    """The streaming refinery passes features on disk (spill.SpillArray): k-means (its own
+    training sample, M > cap) and CLR give what they give on the in-memory array."""
+    from mrtf.refinery.cluster import kmeans_assign, prototype_targets
+    from mrtf.refinery.spill import Scratch
+
+    rng = np.random.default_rng(0)
+    feats = np.abs(rng.normal(size=(3000, 16))).astype(np.float32)
+    targets = rng.dirichlet(np.ones(4), 3000).astype(np.float32)
+    with Scratch(tmp_path) as sc:
+        spill = sc.array("f", feats.shape)
+        spill.write(0, feats)
+        a, n = kmeans_assign(feats, 8, seed=1, max_points_per_centroid=50, block=700)
+        b, _ = kmeans_assign(spill, 8, seed=1, max_points_per_centroid=50, block=700)
+        np.testing.assert_array_equal(a, b)
+        assert n == 8 and len(np.unique(a)) > 1
+        for variant in ("paper", "reference"):
+            np.testing.assert_array_equal(
+                prototype_targets(targets, spill, variant=variant, chunk=512),
+                prototype_targets(targets, feats, variant=variant, chunk=512))

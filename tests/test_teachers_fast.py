@@ -58,14 +58,19 @@ def test_fast_equals_loop_on_digits(digits, teachers):
     assert (loop.logits.argmax(-1) == digits[1]).mean(-1).min() > 0.5  # trained-ish
 
 
-def test_auto_on_cpu_is_fast_and_features_unchanged(digits, teachers):
+def test_auto_on_cpu_is_fast_and_features_agree(digits, teachers):
     src = ArraySource(digits[0][:300])
     assert resolve_stack("auto", torch.device("cpu")) == "fast"
     auto = teacher_logits(teachers[:3], src, 128, "cpu", features_of=teachers[0])
     loop = teacher_logits(teachers[:3], src, 128, "cpu", features_of=teachers[0], stack="loop")
     assert auto.fast_groups == 1
     _check_exact(auto.logits, loop.logits)
-    np.testing.assert_array_equal(auto.features, loop.features)
+    # θ_{t+1}'s features come from its fast copy, with its logits (fastpath.fast_features):
+    # channels-last convolutions round differently, as for the logits
+    scale = float(np.abs(loop.features).max())
+    np.testing.assert_allclose(auto.features, loop.features, rtol=0, atol=1e-5 * scale)
+    plain = teacher_logits(teachers[:3], src, 128, "cpu", stack="fast").logits
+    np.testing.assert_array_equal(auto.logits, plain)  # fused logits = its group's
 
 
 def test_pool_before_relu_is_bit_exact(teachers, digits):

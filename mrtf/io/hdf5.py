@@ -10,7 +10,7 @@ import contextlib
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -319,16 +319,14 @@ def write_labels(path: str | os.PathLike, labels: LabelSet, method: str,
 
     Non-finite probabilities (a model whose outputs overflow float32) are refused: they would
     make labels that mean nothing. ``atomic=False``: ``path`` is already a temporary file."""
-    if not np.isfinite(labels.probs).all():
-        bad = int((~np.isfinite(labels.probs)).any(1).sum())
+    bad = sum(int((~np.isfinite(labels.probs[s:s + LABEL_BLOCK])).any(1).sum())
+              for s in range(0, len(labels.probs), LABEL_BLOCK))
+    if bad:
         raise InputError(f"the model's outputs are not finite for {bad} of {len(labels.probs)} "
                          "samples (its weights or the data overflow float32); no labels written")
     out = Path(path)
     with atomic_path(out, atomic) as tmp, h5py.File(tmp, "w") as f:
-        f.create_dataset("labels", data=labels.labels.astype(np.int64))
-        f.create_dataset("probs", data=labels.probs.astype(np.float32))
-        f.create_dataset("confidence", data=labels.confidence.astype(np.float32))
-        f.create_dataset("entropy", data=labels.entropy)
+        _write_label_columns(f, labels)
         write_ids(f, labels.ids if labels.ids is not None else np.arange(len(labels.labels)))
         f.attrs["mrtf_version"] = mrtf.__version__
         f.attrs["method"] = method
@@ -341,6 +339,30 @@ def write_labels(path: str | os.PathLike, labels: LabelSet, method: str,
             f.attrs["calibration"] = json.dumps(labels.calibration, sort_keys=True,
                                                 default=float)
     return out
+
+
+#: rows per block when a labels file is written: its temporaries (entropy, confidence) stay
+#: a block's size however many samples there are
+LABEL_BLOCK = 65_536
+
+
+def _write_label_columns(f: h5py.File, labels: LabelSet) -> None:
+    """labels, probs, confidence and entropy; the (M,) columns computed a block of rows at a
+    time, so their (M, C) temporaries stay a block's size. (Each column is written whole, by
+    ``create_dataset(data=...)``: an h5py dataset written by slices whose write failed (disk
+    full) was kept alive by the traceback and crashed the interpreter at exit in a test.)"""
+    m = len(labels.probs)
+    conf = np.empty(m, dtype=np.float32)
+    ent = np.empty(m, dtype=np.float32)
+    for s in range(0, m, LABEL_BLOCK):
+        part = replace(labels, labels=labels.labels[s:s + LABEL_BLOCK], ids=None,
+                       probs=np.asarray(labels.probs[s:s + LABEL_BLOCK], dtype=np.float32))
+        conf[s:s + len(part.probs)] = part.confidence
+        ent[s:s + len(part.probs)] = part.entropy
+    f.create_dataset("labels", data=labels.labels.astype(np.int64, copy=False))
+    f.create_dataset("probs", data=np.asarray(labels.probs, dtype=np.float32))
+    f.create_dataset("confidence", data=conf)
+    f.create_dataset("entropy", data=ent)
 
 
 def read_labels(path: str | os.PathLike) -> LabelSet:

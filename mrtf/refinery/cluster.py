@@ -10,19 +10,22 @@ VARIANTS = ("paper", "reference")
 _MASS_EPS = 1e-6
 
 
-def prototypes(targets: np.ndarray, features: np.ndarray, chunk: int = 8192
-               ) -> tuple[np.ndarray, np.ndarray]:
+def prototypes(targets: np.ndarray, features: np.ndarray, chunk: int = 8192,
+               basis=None) -> tuple[np.ndarray, np.ndarray]:
     """Eq. 11: v_c = Σ_x q_c(x) h(x) / Σ_x q_c(x).
 
     targets (M, C), features (M, D) → (prototypes (C, D) float64, mass (C,) float64),
     accumulated in float64 over chunks of ``chunk`` rows (no float64 copy of all features).
+    ``features`` may be any array read by row slices (a spill.SpillArray); ``basis`` maps a
+    chunk of rows to the features used (row-wise, e.g. L2 normalisation).
     A class with mass ≤ 1e-6 gets a zero prototype (it is excluded downstream).
     """
     mass = targets.astype(np.float64).sum(0)
     protos = np.zeros((targets.shape[1], features.shape[1]), dtype=np.float64)
     for s in range(0, len(targets), chunk):
-        protos += targets[s:s + chunk].astype(np.float64).T @ \
-            features[s:s + chunk].astype(np.float64)
+        f = features[s:s + chunk]
+        f = f if basis is None else basis(f)
+        protos += targets[s:s + chunk].astype(np.float64).T @ f.astype(np.float64)
     ok = mass > _MASS_EPS
     protos[ok] /= mass[ok, None]
     protos[~ok] = 0.0
@@ -159,11 +162,15 @@ def prototype_targets(targets: np.ndarray, features: np.ndarray, tau: float = 4.
 def _prototype_targets(targets: np.ndarray, features: np.ndarray, tau: float, iterations: int,
                        variant: str, chunk: int, use_gpu: bool) -> np.ndarray:
     a, b = _scale(tau, variant)
-    f = _feature_basis(features, variant, np.float32)  # float32: one (M, D) copy at most
+    # features are taken a chunk at a time (row-wise basis): no (M, D) copy, and they may
+    # live on disk (the streaming refinery's spill)
+    def basis(rows: np.ndarray) -> np.ndarray:
+        return _feature_basis(rows, variant, np.float32)
+
     m, c = targets.shape
     q = targets
     for _ in range(iterations):
-        protos, mass = prototypes(q, f)
+        protos, mass = prototypes(q, features, chunk, basis)
         keep = np.flatnonzero(mass > _MASS_EPS)
         protos_n = np.ascontiguousarray(_normalise(protos[keep]).astype(np.float32))
         index = faiss_index(protos_n, "flat", use_gpu=True) if _has_gpu(use_gpu) else None
@@ -172,8 +179,8 @@ def _prototype_targets(targets: np.ndarray, features: np.ndarray, tau: float, it
         ok[keep] = True
         for s in range(0, m, chunk):
             # normalised a chunk at a time: no second (M, D) array
-            fn = f[s:s + chunk] if variant == "reference" else \
-                _normalise(f[s:s + chunk]).astype(np.float32, copy=False)
+            f = basis(features[s:s + chunk])
+            fn = f if variant == "reference" else _normalise(f).astype(np.float32, copy=False)
             cos = np.zeros((len(fn), c), dtype=np.float64)
             cos[:, keep] = _cosines(fn, protos_n, index)
             out[s:s + chunk] = _softmax_masked(a * cos + b, ok)
@@ -214,25 +221,51 @@ def nearest(queries: np.ndarray, database: np.ndarray, kind: str = "auto", seed:
 
 def kmeans_view(features: np.ndarray, n_clusters: int, seed: int = 0, iterations: int = 25,
                 max_points_per_centroid: int = 256) -> np.ndarray:
-    """One-hot spherical k-means assignments (M, n) of L2-normalised ``features`` (faiss).
+    """One-hot spherical k-means assignments (M, n) float32 of L2-normalised ``features``
+    (:func:`kmeans_assign`).
 
     A view of the target set that no received model chose: the consensus (consensus.py) learns
-    from the data how well these clusters follow the classes. ``n_clusters`` is capped at M.
-    Training uses at most ``max_points_per_centroid`` · n rows, drawn by faiss with ``seed``
-    (5,120 of 1M rows for 20 clusters); every row is then assigned by :func:`nearest`. At
-    1M × 256 the view took 2.9-5.6 s (8.7 s before; load ~5; bench/scale.py).
-    Deterministic given ``seed`` (and the thread count).
+    from the data how well these clusters follow the classes.
+    """
+    assign, n = kmeans_assign(features, n_clusters, seed, iterations, max_points_per_centroid)
+    return one_hot(assign, n)
+
+
+def one_hot(assign: np.ndarray, n: int) -> np.ndarray:
+    """(M,) cluster indices → (M, n) float32 one-hot rows."""
+    view = np.zeros((len(assign), n), dtype=np.float32)
+    view[np.arange(len(assign)), assign] = 1.0
+    return view
+
+
+def kmeans_assign(features, n_clusters: int, seed: int = 0, iterations: int = 25,
+                  max_points_per_centroid: int = 256, block: int = 65_536
+                  ) -> tuple[np.ndarray, int]:
+    """Spherical k-means (faiss) of L2-normalised ``features`` (M, D): (assignments (M,)
+    int64, number of clusters n = min(n_clusters, M)).
+
+    Training uses at most ``max_points_per_centroid`` · n rows, drawn here with ``seed``
+    (5,120 of 1M rows for 20 clusters), so ``features`` can be any array read by row slices
+    (a spill.SpillArray: nothing (M, D) is held); every row is then assigned by
+    :func:`nearest`, a block at a time. At 1M × 256 the view took 2.9-5.6 s (8.7 s before;
+    load ~5; bench/scale.py). Deterministic given ``seed`` (and the thread count).
     """
     import faiss
 
-    f = normalised_f32(features)
-    n = max(1, min(n_clusters, len(f)))
-    km = faiss.Kmeans(f.shape[1], n, niter=iterations, seed=seed, spherical=True,
-                      verbose=False, min_points_per_centroid=1,
-                      max_points_per_centroid=max_points_per_centroid)
-    km.train(f)
+    m, dim = features.shape[0], features.shape[1]
+    n = max(1, min(n_clusters, m))
+    cap = max_points_per_centroid * n
+    if m > cap:
+        rows = np.sort(np.random.default_rng(seed).choice(m, cap, replace=False))
+        sample = features.take(rows) if hasattr(features, "take") and \
+            not isinstance(features, np.ndarray) else features[rows]
+    else:
+        sample = features[0:m]
+    km = faiss.Kmeans(dim, n, niter=iterations, seed=seed, spherical=True, verbose=False,
+                      min_points_per_centroid=1, max_points_per_centroid=max_points_per_centroid)
+    km.train(normalised_f32(sample))
+    assign = np.empty(m, dtype=np.int64)
     with _one_blas_thread():
-        assign = nearest(f, km.centroids)
-    view = np.zeros((len(f), n), dtype=np.float32)
-    view[np.arange(len(f)), assign] = 1.0
-    return view
+        for s in range(0, m, block):
+            assign[s:s + block] = nearest(normalised_f32(features[s:s + block]), km.centroids)
+    return assign, n

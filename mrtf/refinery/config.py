@@ -34,6 +34,7 @@ METHODS = tuple(METHOD_SPECS)
 VARIANTS = ("paper", "reference")
 #: The reference code normalises logits per inference batch (320-640 samples): we use 512.
 REF_STD_BATCH = 512
+STREAM_MODES = ("auto", "on", "off")
 
 
 @dataclass
@@ -62,6 +63,10 @@ class RefineConfig:
     aggregate : the parameter average θ_{t+1}: 'mean' (weighted by n_samples, the paper),
         'median' (coordinate-wise) or 'trimmed:β' (coordinate-wise trimmed mean), see
         mrtf.averaging.aggregate_states.
+    stream : 'auto' (the streaming refinery, streaming.py, when the in-memory one would hold
+        more than ~768 MB), 'on' or 'off'. Same labels either way.
+    scratch_dir : where streaming puts its scratch folder (removed at the end); None = the
+        system's temporary folder. The CLI uses the labels file's folder.
     """
 
     method: str = "adaptive"
@@ -80,6 +85,8 @@ class RefineConfig:
     class_prior: str = "learned"
     trust: bool | None = None
     aggregate: str = "mean"
+    stream: str = "auto"
+    scratch_dir: str | None = None
 
     def validate(self) -> None:
         def bad(cond: bool, msg: str) -> None:
@@ -106,4 +113,5 @@ class RefineConfig:
             parse_aggregate(self.aggregate)
         except ValueError as exc:
             raise InputError(str(exc)) from None
+        bad(self.stream not in STREAM_MODES, f"stream must be one of {STREAM_MODES}")
 

@@ -172,3 +172,36 @@ def fast_forward(models: Sequence[nn.Module], probe: torch.Tensor, precision: st
         return torch.cat(parts, 1).float() if len(parts) > 1 else parts[0].float()
 
     return run
+
+
+def fast_features(model: nn.Module, probe: torch.Tensor
+                  ) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None:
+    """``x -> (features (B, D), logits (B, C))`` float32 of one eligible zoo model in one
+    pass on the fast copy (the micro-batches and layout of :func:`fast_forward`, so the logits
+    are the ones its group would give), or None when not eligible or the copy disagrees with
+    the model on ``probe``. The streaming and in-memory refinery take θ_{t+1}'s features and
+    logits from it: the features cost no second forward in the plain layout (5x slower)."""
+    if not eligible(model) or not hasattr(model, "forward_features"):
+        return None
+    nhwc = probe.dim() == 4
+
+    def prep(x: torch.Tensor) -> torch.Tensor:
+        return x.contiguous(memory_format=torch.channels_last) if nhwc else x
+
+    fast = _fast_copy(model, nhwc)
+    with torch.inference_mode():
+        h_ref, lg_ref = model.forward_features(probe)
+        h, lg = fast.forward_features(prep(probe))
+    for got, want in ((h, h_ref), (lg, lg_ref)):
+        scale = float(want.abs().max()) + 1.0
+        if not torch.allclose(got.flatten(1), want.flatten(1), rtol=1e-4, atol=1e-4 * scale):
+            return None
+    rows = micro_batch(model, probe)
+
+    def run(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = prep(x)
+        step = rows or len(x)
+        parts = [fast.forward_features(x[s:s + step]) for s in range(0, len(x), step)]
+        return (torch.cat([p[0].flatten(1) for p in parts]), torch.cat([p[1] for p in parts]))
+
+    return run

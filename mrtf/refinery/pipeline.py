@@ -3,6 +3,8 @@
 ``refine`` is a pure function of (models, data, config): teachers' logits are computed once
 (teachers.py), turned into distillation targets by the chosen method (Eq. 3, 6-7, 10, 11-12),
 and distilled into θ_{t+1} or a student (Eq. 1-2). The target's ``y`` is never read.
+Large target sets go to the streaming refinery (streaming.py, ``RefineConfig.stream``), which
+gives the same labels with memory flat in M.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from mrtf.refinery.teachers import (
     _softmax_np,
     avg_logit,
     avg_prob,
+    global_stds,
     stabilized_probs,
     teacher_logits,
 )
@@ -64,9 +67,12 @@ def accuracy_of(probs: np.ndarray, y: np.ndarray) -> float:
 
 
 def predict_probs(model: nn.Module, source, batch_size: int = 1024,
-                  device: torch.device | str | None = None) -> np.ndarray:
-    """σ(f(x)) of one model on the whole source, streamed, inference mode → (M, C) float32."""
-    out = teacher_logits([model], source, batch_size, device, stack="loop").logits[0]
+                  device: torch.device | str | None = None, stack: str = "loop"
+                  ) -> np.ndarray:
+    """σ(f(x)) of one model on the whole source, streamed, inference mode → (M, C) float32.
+    ``stack`` as teacher_logits: refine passes its own ('auto': the CPU fast path, ~5x the
+    loop for zoo conv nets), so the labels come from the path the teachers took."""
+    out = teacher_logits([model], source, batch_size, device, stack=stack).logits[0]
     return _softmax_np(out)
 
 
@@ -171,7 +177,7 @@ def _stabilized_blocks(logits: np.ndarray, config: RefineConfig):
     (K, M, C) logits plus one block instead of several (K, M, C) float64 temporaries."""
     k_all, m = logits.shape[:2]
     if config.variant == "paper":
-        stds = [logits[k].astype(np.float64).std() for k in range(k_all)]
+        stds = global_stds(logits)  # block-wise: the same numbers for a spilled array
         for s in range(0, m, TARGET_CHUNK):
             block = logits[:, s:s + TARGET_CHUNK]
             yield s, np.stack([_softmax_np(config.tau * block[k] / (stds[k] + 1e-8))
@@ -237,6 +243,11 @@ def refine(received, source, config: RefineConfig | None = None,
     """
     config = config or RefineConfig()
     config.validate()
+    if _streams(received, source, config):
+        from mrtf.refinery.streaming import refine_streaming
+
+        _check_streamable(config)
+        return refine_streaming(received, source, config, student)
     dev = pick_device(config.device)
     spec = METHOD_SPECS[config.method]
     plan = _plan(received, source, config, student, dev)
@@ -288,7 +299,8 @@ def refine(received, source, config: RefineConfig | None = None,
                         config.lr, config.seed, dev, config.variant, config.progress)
         timings["distill"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    probs = before if not teachers else predict_probs(model, source, config.inference_batch, dev)
+    probs = before if not teachers else \
+        predict_probs(model, source, config.inference_batch, dev, config.stack)
     timings["predict"] = time.perf_counter() - t0
     info = {"method": config.method, "variant": config.variant, "u_t": u,
             "teachers": len(plan.locals_), "heterogeneous": plan.heterogeneous,
@@ -382,6 +394,39 @@ def _apply_trust(plan: _Plan, received, source, config: RefineConfig, dev: torch
     kept = [locals_r[i] for i in keep if report.parties[i].verdict == "trusted"] or \
         [locals_r[i] for i in keep]
     return _Trusted(kept, out.logits[keep], [report.parties[i].factor for i in keep], report)
+
+
+def _streams(received, source, config: RefineConfig) -> bool:
+    """Whether the streaming refinery (streaming.py) runs: by ``config.stream`` and size."""
+    from mrtf.refinery.streaming import use_streaming
+
+    k = len(received.models) + 1
+    dims = [t.shape[1] for m in received.models for t in m.state_dict.values() if t.dim() == 2]
+    return use_streaming(config, len(source), k, received.num_classes, max(dims, default=512))
+
+
+#: what the streaming path (large targets) does not do yet, and its option
+STREAMING_GAPS = "party reliability checks, --aggregate, --class-prior and calibration"
+
+
+def _check_streamable(config: RefineConfig) -> None:
+    """The streaming path mirrors the consensus but not yet the trust layer (mrtf.trust) or
+    the class-prior correction: asked for explicitly, they are refused, not silently skipped."""
+    asked = [name for name, on in (("--trust", config.trust is True),
+                                   (f"--aggregate {config.aggregate}", config.aggregate != "mean"),
+                                   (f"--class-prior {config.class_prior}",
+                                    config.class_prior != "learned")) if on]
+    if asked:
+        raise InputError(f"{', '.join(asked)} is not available on the streaming path (large "
+                         "targets) yet; pass --stream off to refine in memory")
+
+
+def streaming_calibration(probs: np.ndarray):
+    """The streaming path's confidence: the refined model's own, said to be uncalibrated."""
+    from mrtf.trust.calibration import uncalibrated
+
+    return uncalibrated(probs, why="the streaming path (large targets) keeps no teacher "
+                                   "signals to calibrate with")
 
 
 def _check_finite(logits: np.ndarray) -> None:

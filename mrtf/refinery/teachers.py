@@ -7,7 +7,11 @@ together with ``vmap`` over ``functional_call`` on CUDA; on CPU, groups of zoo L
 MLPNet teachers take the exact fast path of fastpath.py (cache-sized micro-batches,
 channels-last, max-pool before ReLU: ~5x the plain loop, measured there). Any other group falls
 back to a loop over its models. Memory is the (K, M, C) output plus one chunk: it does not
-otherwise grow with M.
+otherwise grow with M. :class:`TeacherChunks` yields the same outputs chunk by chunk (the
+streaming refinery, streaming.py, spills them), reading the next chunk in a thread meanwhile.
+On a loaded 2-core machine run it with 1 thread: with 2 OpenMP threads beside other jobs the
+fast path's many small parallel regions ran 5-14x slower (113-376 against 1,270-1,590
+samples/s for 12 LeNets, load 8-10).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from mrtf.device import pick_device
-from mrtf.refinery.fastpath import PRECISIONS, fast_forward
+from mrtf.refinery.fastpath import PRECISIONS, fast_features, fast_forward
 
 STD_MODES = ("global", "batch")
 STACK_MODES = ("auto", "fast", "vmap", "nhwc", "loop")
@@ -140,44 +144,165 @@ def teacher_logits(models: Sequence[nn.Module], source, batch_size: int = 1024,
     precision : 'fp32' (default) or 'bf16': groups on the fast path run in bfloat16 (argmax
         agreement ~99.7 %, fastpath.py); every other group stays fp32.
 
-    Returns logits (K, M, C) float32 (and features (M, D) float32).
+    Returns logits (K, M, C) float32 (and features (M, D) float32). The streaming refinery
+    (streaming.py) consumes :func:`teacher_chunks` instead and never holds them whole.
     """
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    dev = pick_device(device) if not isinstance(device, torch.device) else device
-    mode = resolve_stack(stack, dev)
-    models = [m.to(dev).eval() for m in models]
     m_total = len(source)
     logits: np.ndarray | None = None
     feats: np.ndarray | None = None
-    from tqdm import tqdm
-
-    bar = tqdm(total=m_total, desc=f"teachers ×{len(models)}", unit="sample", leave=False,
-               disable=not progress)
-    with torch.inference_mode(), bar:
-        for start, chunk in source.chunks(batch_size):
-            bar.update(len(chunk))
-            x = torch.from_numpy(np.ascontiguousarray(chunk)).to(dev)
-            if logits is None:
-                forwards = _group_forwards(models, mode, x[:8], precision)
-            parts = {}
-            for idx, fwd, _ in forwards:
-                out = fwd(x)
-                parts.update({i: out[j] for j, i in enumerate(idx)})
-            if logits is None:
-                c = parts[0].shape[-1]
-                logits = np.empty((len(models), m_total, c), dtype=np.float32)
-            for i, out in parts.items():
-                logits[i, start:start + len(x)] = out.float().cpu().numpy()
-            if features_of is not None:
-                h = features_of.to(dev).eval().forward_features(x)[0].flatten(1)
-                if feats is None:
-                    feats = np.empty((m_total, h.shape[1]), dtype=np.float32)
-                feats[start:start + len(x)] = h.float().cpu().numpy()
+    chunks = TeacherChunks(models, source, batch_size, device, features_of, stack, progress,
+                           precision)
+    for start, lg, h in chunks:
+        if logits is None:
+            logits = np.empty((len(models), m_total, lg.shape[-1]), dtype=np.float32)
+        logits[:, start:start + lg.shape[1]] = lg
+        if h is not None:
+            if feats is None:
+                feats = np.empty((m_total, h.shape[1]), dtype=np.float32)
+            feats[start:start + len(h)] = h
     assert logits is not None
-    kinds = [k for _, _, k in forwards]
+    kinds = chunks.kinds
     return TeacherOutputs(logits, feats, kinds.count("stacked"), kinds.count("loop"),
                           kinds.count("fast"))
+
+
+class TeacherChunks:
+    """Iterate ``(start, logits (K, m, C) float32, features (m, D) float32 or None)`` over the
+    target set in chunks of ``batch_size`` rows (arguments as :func:`teacher_logits`). The
+    next chunk is read from the source in a thread while the teachers run on this one
+    (:func:`prefetched`). ``kinds`` lists each architecture group's path after the first chunk.
+    """
+
+    def __init__(self, models: Sequence[nn.Module], source, batch_size: int = 1024,
+                 device: torch.device | str | None = None,
+                 features_of: nn.Module | None = None, stack: str | bool = "auto",
+                 progress: bool = False, precision: str = "fp32") -> None:
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        self.dev = pick_device(device) if not isinstance(device, torch.device) else device
+        self.mode = resolve_stack(stack, self.dev)
+        self.models = [m.to(self.dev).eval() for m in models]
+        self.source, self.batch_size, self.precision = source, batch_size, precision
+        self.features_of = None if features_of is None else features_of.to(self.dev).eval()
+        self.progress = progress
+        self.kinds: list[str] = []
+
+    def __iter__(self):
+        from tqdm import tqdm
+
+        forwards = None
+        bar = tqdm(total=len(self.source), desc=f"teachers ×{len(self.models)}",
+                   unit="sample", leave=False, disable=not self.progress)
+        with bar:
+            for start, chunk in prefetched(self.source.chunks(self.batch_size)):
+                bar.update(len(chunk))
+                with torch.inference_mode():
+                    x = torch.from_numpy(np.ascontiguousarray(chunk)).to(self.dev)
+                    if forwards is None:
+                        forwards, fused = self._forwards(x[:8])
+                    parts: dict[int, np.ndarray] = {}
+                    for idx, fwd, _ in forwards:
+                        out = fwd(x).float().cpu().numpy()
+                        parts.update({i: out[j] for j, i in enumerate(idx)})
+                    h = None
+                    if fused is not None:  # θ_{t+1}: features and logits in one pass
+                        h_t, lg_t = fused[1](x)
+                        h = h_t.float().cpu().numpy()
+                        if fused[0] is not None:
+                            parts[fused[0]] = lg_t.float().cpu().numpy()
+                    elif self.features_of is not None:
+                        h = self.features_of.forward_features(x)[0].flatten(1)
+                        h = h.float().cpu().numpy()
+                    lg = np.stack([parts[i] for i in range(len(self.models))]) if parts \
+                        else np.empty((0, len(x), 0), np.float32)
+                yield start, lg, h
+
+    def _forwards(self, probe: torch.Tensor):
+        """The group forwards, and (index of features_of among the models or None, its fused
+        features + logits forward) when features_of takes the fast path (fp32 only)."""
+        fused = None
+        if self.features_of is not None and self.mode == "fast" and self.precision == "fp32":
+            run = fast_features(self.features_of, probe)
+            if run is not None:
+                at = next((i for i, m in enumerate(self.models) if m is self.features_of),
+                          None)
+                fused = (at, run)
+        rest = [i for i in range(len(self.models)) if fused is None or i != fused[0]]
+        forwards = [([rest[j] for j in idx], fwd, kind) for idx, fwd, kind in
+                    _group_forwards([self.models[i] for i in rest], self.mode, probe,
+                                    self.precision)]
+        self.kinds = [k for _, _, k in forwards]
+        return forwards, fused
+
+
+def prefetched(chunks, depth: int = 2):
+    """The items of ``chunks``, produced by a reader thread up to ``depth`` ahead: HDF5 reads
+    and the uint8 → float32 scaling overlap the teachers' forward (torch releases the GIL).
+    The reader's exception is raised here, in order."""
+    import queue
+    import threading
+
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    done = object()
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def read() -> None:
+        try:
+            for item in chunks:
+                if not put(item):
+                    return
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            put(exc)
+            return
+        put(done)
+
+    worker = threading.Thread(target=read, daemon=True)
+    worker.start()
+    try:
+        while True:
+            item = q.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        worker.join()
+
+
+#: rows per block of :func:`global_stds` (a fixed block: the float64 sums, and so Eq. 6's
+#: std, are the same whether the logits are in memory or spilled to disk)
+STD_BLOCK = 65_536
+
+
+def global_stds(logits, block: int | None = None) -> np.ndarray:
+    """Eq. 6's std_k for each teacher: population std of its logits over all M samples and
+    all C classes, exact two-pass in float64 over row blocks. ``logits`` is (K, M, C): an
+    ndarray, or anything that returns ``logits[:, s:e]`` blocks (spill.TeacherMajor).
+    Memory: one block, not a float64 copy of a teacher's (M, C) logits."""
+    k, m, c = logits.shape
+    block = block or STD_BLOCK
+    sums = np.zeros(k)
+    for s in range(0, m, block):
+        lg = logits[:, s:s + block]
+        sums += [np.ascontiguousarray(lg[i], dtype=np.float64).sum() for i in range(k)]
+    mean = sums / (m * c)
+    sq = np.zeros(k)
+    for s in range(0, m, block):
+        lg = logits[:, s:s + block]
+        sq += [np.square(np.ascontiguousarray(lg[i], dtype=np.float64) - mean[i]).sum()
+               for i in range(k)]
+    return np.sqrt(sq / (m * c))
 
 
 def _softmax_np(z: np.ndarray) -> np.ndarray:

@@ -1,0 +1,45 @@
+"""In-memory vs streaming refine (``--stream off`` / ``on``) on one target set: wall per stage
+and whether labels, targets and probabilities are identical.
+
+    OMP_NUM_THREADS=1 python bench/stream_equality.py adaptive \
+        runs/scale/received-K10 runs/scale/mnist5k-tiled-100000.h5
+
+(the received set and the tiled file are the ones ``bench/scale.py --e2e`` makes).
+"""
+
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+from mrtf.io.bundles import load_received
+from mrtf.io.hdf5 import H5Dataset
+from mrtf.refinery import RefineConfig, refine
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    method, received, data = sys.argv[1:4]
+    rs = load_received(received)
+    res = {}
+    with H5Dataset(data) as src:
+        for mode in ("off", "on"):
+            t = time.perf_counter()
+            res[mode] = refine(rs, src, RefineConfig(method=method, stream=mode,
+                                                     scratch_dir="runs", progress=False,
+                                                     clr_min_round=0))
+            print(mode, f"{time.perf_counter() - t:.0f}s",
+                  {k: round(v, 1) for k, v in res[mode].timings.items()},
+                  "load", os.getloadavg()[0], flush=True)
+    a, b = res["off"], res["on"]
+    print(method, "labels identical:", bool((a.probs.argmax(1) == b.probs.argmax(1)).all()),
+          "targets argmax identical:",
+          bool((a.target_probs.argmax(1) == b.target_probs.argmax(1)).all()),
+          "max |Δ target|", float(np.abs(a.target_probs - b.target_probs).max()),
+          "max |Δ probs|", float(np.abs(a.probs - b.probs).max()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,214 @@
+"""The adaptive method (adaptive.py) without its (S, M, C) arrays: Dawid-Skene EM whose
+statistics are accumulated block by block over a spilled (M, S, C) float32 array of the
+sources' stabilized softmax (Eq. 6).
+
+What is held: the posterior (M, C) float64, updated in place (one of the outputs' size), one
+block of views, and the (C, A) sufficient statistics. What is read per EM step: the spill,
+once (M · S · C · 4 bytes, served by the page cache when it fits). One pass per EM step does
+both halves: the E-step of a block uses the confusions of the previous M-step, and the
+block's new posterior is added at once into the statistics of the next M-step, so the
+posterior is never held twice.
+
+Choice (issue 14): statistics chunk-wise over float32 per-sample probabilities on disk, not
+float16: the views stay the exact float32 values the in-memory path converts to float64, so
+each block's arithmetic is the in-memory one; only the sums over M (Σ_x T(x, c) V(x, a),
+Σ_x T(x, c)) are added in another order (a few ulp). Labels were identical on the tests'
+few thousand samples. This mirrors ``adaptive_targets`` and ``consensus.dawid_skene`` step by
+step; a change there must be made here too (tests/test_streaming.py compares the two).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from mrtf.refinery.adaptive import (
+    SELF_WEIGHT,
+    AdaptiveTargets,
+    SourceTrust,
+    _verdict,
+    cluster_weight,
+)
+from mrtf.refinery.cluster import _one_blas_thread, kmeans_assign
+from mrtf.refinery.consensus import Consensus
+
+BLOCK = 65_536  # rows per EM block: 65k × 12 sources × 10 classes × 8 B = 63 MB of views
+
+
+class BlockViews:
+    """The live sources' votes for a block of rows, read from the (M, S, C) spill: one
+    (m, L·C) float64 matrix (L live sources side by side, so that each EM half is one GEMM
+    for all of them), plus the cluster view's (M,) assignments (one-hot, A = ``clusters``)."""
+
+    def __init__(self, probs, live: Sequence[int], assign: np.ndarray | None = None,
+                 clusters: int = 0) -> None:
+        self.probs, self.live, self.assign, self.clusters = probs, list(live), assign, clusters
+
+    def raw(self, s: int, e: int) -> np.ndarray:
+        """(m, S, C) float32 rows of the spill."""
+        return self.probs[s:e]
+
+    def read(self, s: int, e: int) -> tuple[np.ndarray, np.ndarray | None]:
+        block = self.raw(s, e)
+        if len(self.live) < block.shape[1]:  # (a copy; skipped when every source is live)
+            block = block[:, self.live]
+        votes = block.reshape(len(block), -1).astype(np.float64)
+        if self.assign is None:
+            return votes, None
+        hot = np.zeros((len(block), self.clusters), dtype=np.float64)
+        hot[np.arange(len(block)), self.assign[s:e]] = 1.0
+        return votes, hot
+
+
+def _init(views: BlockViews, nl: int, m: int, post: np.ndarray, normalise: bool = True
+          ) -> float:
+    """post ← the local sources' AvgProb (Eq. 7), row-normalised as dawid_skene starts (or as
+    it is, for adaptive._consensus' fall-back); returns its mean max (the bar EM must
+    clear)."""
+    top = 0.0
+    use = views.live[:nl] if nl else views.live
+    for s in range(0, m, BLOCK):
+        block = views.raw(s, s + BLOCK)
+        # a list averaged over axis 0, as adaptive.py does: the same float32 additions
+        init = np.mean([block[:, i] for i in use], axis=0)
+        top += float(init.max(1).astype(np.float64).sum())
+        p = init.astype(np.float64)
+        post[s:s + BLOCK] = p / p.sum(1, keepdims=True) if normalise else p
+    return top / m
+
+
+def _cross(t: np.ndarray, votes: np.ndarray, hot: np.ndarray | None, c: int
+           ) -> list[np.ndarray]:
+    """Σ_x T(x, c) V_v(x, a) of one block for every view: [(C, A_v)]."""
+    both = t.T @ votes
+    out = [both[:, i:i + c] for i in range(0, both.shape[1], c)]
+    return out + ([t.T @ hot] if hot is not None else [])
+
+
+def _stats(views: BlockViews, post: np.ndarray, m: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    c = post.shape[1]
+    mass = np.zeros(c)
+    cross: list[np.ndarray] | None = None
+    for s in range(0, m, BLOCK):
+        t = post[s:s + BLOCK]
+        mass += t.sum(0)
+        parts = _cross(t, *views.read(s, s + BLOCK), c)
+        cross = parts if cross is None else [a + b for a, b in zip(cross, parts)]
+    assert cross is not None
+    return mass, cross
+
+
+def _confusions(cross: list[np.ndarray], smoothing: float) -> list[np.ndarray]:
+    """consensus.confusion from accumulated Σ_x T(x, c) V(x, a)."""
+    out = []
+    for pv in cross:
+        pi = pv + smoothing / pv.shape[1]
+        out.append(pi / pi.sum(1, keepdims=True))
+    return out
+
+
+def dawid_skene_blocks(views: BlockViews, post: np.ndarray, weights: Sequence[float],
+                       iterations: int = 30, smoothing: float = 1.0, tol: float = 1e-6
+                       ) -> Consensus:
+    """consensus.dawid_skene over row blocks; ``post`` (M, C) float64 holds the normalised
+    start and is updated in place (the returned Consensus' posterior). The models' evidence
+    Σ_v λ_v V_v log π_vᵀ is one GEMM against their stacked λ_v log π_vᵀ (the in-memory path
+    adds the views one by one: the same terms, summed in another order); the cluster view's
+    is a row gather (its votes are one-hot)."""
+    m, c = post.shape
+    w = np.asarray(weights, dtype=np.float64)
+    nviews = len(views.live)
+    mass, cross = _stats(views, post, m)
+    pis: list[np.ndarray] = []
+    done, loglik = 0, float("-inf")
+    while done < iterations:
+        done += 1
+        prior = mass + 1e-6
+        prior /= prior.sum()
+        pis = _confusions(cross, smoothing)
+        stacked = np.concatenate([lam * np.log(pi).T for pi, lam in zip(pis[:nviews], w)])
+        lp_hot = w[nviews] * np.log(pis[nviews]).T if len(pis) > nviews else None
+        mass, cross, moved, loglik = np.zeros_like(mass), [np.zeros_like(x) for x in cross], \
+            0.0, 0.0
+        for s in range(0, m, BLOCK):
+            votes, hot = views.read(s, s + BLOCK)
+            log_t = np.log(prior) + votes @ stacked
+            if lp_hot is not None and w[nviews]:
+                log_t += lp_hot[views.assign[s:s + BLOCK]]
+            top = log_t.max(1, keepdims=True)
+            log_t -= top
+            new = np.exp(log_t)
+            loglik += float((top[:, 0] + np.log(new.sum(1))).sum())
+            new /= new.sum(1, keepdims=True)
+            moved = max(moved, float(np.abs(new - post[s:s + BLOCK]).max()))
+            post[s:s + BLOCK] = new
+            mass += new.sum(0)
+            cross = [a + b for a, b in zip(cross, _cross(new, votes, hot, c))]
+        if moved < tol:
+            break
+    prior = mass + 1e-6
+    return Consensus(post, prior / prior.sum(), pis, done, loglik)
+
+
+def _consensus(views: BlockViews, nl: int, weights: Sequence[float], post: np.ndarray
+               ) -> Consensus:
+    """adaptive._consensus: EM from the AvgProb, kept only when surer than its start."""
+    m = len(post)
+    start = _init(views, nl, m, post)
+    out = dawid_skene_blocks(views, post, weights)
+    if float(post.max(1).mean()) >= start:
+        return out
+    _init(views, nl, m, post, normalise=False)  # the AvgProb itself, with the confusions it implies
+    mass, cross = _stats(views, post, m)
+    return Consensus(post, mass / mass.sum(), _confusions(cross, 1.0), 0, out.log_likelihood)
+
+
+def live_sources(lo: np.ndarray, hi: np.ndarray, m: int, tol: float = 1e-6) -> list[int]:
+    """adaptive.input_independent from the running min and max (S, C) of each source."""
+    return [i for i in range(len(lo)) if not (m > 1 and float((hi[i] - lo[i]).max()) <= tol)]
+
+
+def adaptive_targets_blocks(probs, lo: np.ndarray, hi: np.ndarray, names: Sequence[str],
+                            self_probs: np.ndarray, features, seed: int = 0,
+                            num_local: int | None = None) -> AdaptiveTargets:
+    """adaptive.adaptive_targets on a (M, S, C) float32 spill ``probs`` (read by row slices),
+    with each source's running min ``lo`` and max ``hi`` (S, C) over the samples (dead
+    sources), and θ_{t+1}'s features (M, D) for the cluster view read the same way.
+
+    On one BLAS thread: the EM's GEMMs are thin (65k × 10 by 10), and OpenBLAS's 2-thread
+    pool on this loaded 2-core machine ran them at ~0.5 GFLOP/s (44 s for M = 100k)."""
+    with _one_blas_thread():
+        return _adaptive_targets_blocks(probs, lo, hi, names, self_probs, features, seed,
+                                        num_local)
+
+
+def _adaptive_targets_blocks(probs, lo: np.ndarray, hi: np.ndarray, names: Sequence[str],
+                             self_probs: np.ndarray, features, seed: int,
+                             num_local: int | None) -> AdaptiveTargets:
+    m, s_all, c = probs.shape
+    num_local = max(1, s_all - 2) if num_local is None else num_local
+    live = live_sources(lo, hi, m)
+    dead = [SourceTrust(names[i], 0.0, None, "left out: the same output for every sample "
+                        "(no information)") for i in range(s_all) if i not in live]
+    if not live:
+        return AdaptiveTargets(np.asarray(self_probs, np.float32), dead)
+    nl = sum(i < num_local for i in live)
+    w_models = [1.0 if i < num_local else SELF_WEIGHT / max(1, len(live) - nl) for i in live]
+    post = np.empty((m, c), dtype=np.float64)
+    views = BlockViews(probs, live)
+    final = models = _consensus(views, nl, w_models, post)
+    conf = models.mean_max_posterior
+    lam = cluster_weight(conf) if features is not None and m > c else 0.0
+    if lam > 0:
+        assign, n = kmeans_assign(features, 2 * c, seed)
+        final = _consensus(BlockViews(probs, live, assign, n), nl, w_models + [lam], post)
+    sources = []
+    for j, i in enumerate(live):
+        acc = final.estimated_accuracy(j)
+        sources.append(SourceTrust(names[i], w_models[j], acc, _verdict(acc, c)))
+    reason = (f"the models' consensus is {conf:.3f} sure (mean max posterior), so clusters of "
+              f"the averaged model's features count {lam:.2f}× a model")
+    if features is not None:
+        sources.append(SourceTrust("clusters", round(lam, 3), None, reason))
+    return AdaptiveTargets(final.posterior.astype(np.float32), sources + dead, conf, lam, final)
