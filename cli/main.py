@@ -9,8 +9,10 @@ from mrtf.cli.common import MrtfGroup
 from mrtf.cli.convert import convert
 from mrtf.cli.demo import demo
 from mrtf.cli.inspect import inspect
-from mrtf.cli.refine import label, refine_cmd, score
+from mrtf.cli.label import label
+from mrtf.cli.refine import refine_cmd
 from mrtf.cli.report import report
+from mrtf.cli.score import score
 from mrtf.cli.simulate import simulate
 
 

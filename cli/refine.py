@@ -1,4 +1,4 @@
-"""``mrtf refine``, ``mrtf label`` and ``mrtf score``: the pilot party's main jobs."""
+"""``mrtf refine``: the pilot party's main job, received models + data → model and labels."""
 
 from __future__ import annotations
 
@@ -20,18 +20,15 @@ from mrtf.io.bundles import (
     save_bundle,
 )
 from mrtf.io.fits import check_model_fits
-from mrtf.io.hdf5 import H5Dataset, LabelSet, read_labels, write_labels
+from mrtf.io.hdf5 import H5Dataset, LabelSet, write_labels
 from mrtf.io.labels_csv import write_labels_csv
 from mrtf.io.limits import check_memory
 from mrtf.io.outputs import Outputs
 from mrtf.io.parties import describe, duplicate_parties, plan_parties
 from mrtf.io.refined import new_student, refined_meta
 from mrtf.progress import log_lines
-from mrtf.refinery import METHODS, RefineConfig, accuracy_of, predict_probs, refine
+from mrtf.refinery import METHODS, RefineConfig, accuracy_of, refine
 from mrtf.refinery.streaming import memory_estimate, use_streaming
-from mrtf.scoring import score_labels
-from mrtf.trust.calibration import uncalibrated
-from mrtf.trust.metrics import ece
 from mrtf.trust.selective import check_selection, select
 
 
@@ -331,171 +328,3 @@ def load_student(rs: ReceivedSet, opts: dict[str, Any], sample_shape: tuple[int,
     if opts["student_arch"] is not None:
         return new_student(rs, opts["student_arch"], opts["seed"], sample_shape)
     return None, None
-
-
-@click.command()
-@click.argument("model", type=click.Path(path_type=Path))
-@click.option("--data", type=click.Path(path_type=Path), required=True,
-              help="Samples to label (.h5 with x).")
-@click.option("--labels", "labels_out", type=click.Path(path_type=Path), default=None,
-              help="Where to write the labels (.h5).")
-@click.option("--csv", "csv_out", type=click.Path(path_type=Path), default=None,
-              help="Write the labels as CSV too: id (the file name, or the row), label, "
-                   "confidence.")
-@click.option("--batch-size", type=int, default=1024, show_default=True)
-@click.option("--min-confidence", type=float, default=None,
-              help="Leave samples whose confidence is below this unlabeled (label -1, "
-                   "abstained = 1).")
-@click.option("--coverage", type=float, default=None,
-              help="Label only this fraction of the samples, the most confident ones.")
-@click.option("--trust-arch", multiple=True, help="A package.module:factory you trust.")
-@click.option("--device", default=None)
-@click.option("--force", is_flag=True, help="Replace an existing labels file.")
-@output_options
-def label(model: Path, data: Path, labels_out: Path | None, csv_out: Path | None,
-          batch_size: int, trust_arch: tuple[str, ...], device: str | None, force: bool,
-          out: Out, min_confidence: float | None = None, coverage: float | None = None
-          ) -> None:
-    """Label new data with a (refined) MODEL file: --labels (.h5) and/or --csv."""
-    if labels_out is None and csv_out is None:
-        raise InputError("nothing to write: give --labels FILE.h5 and/or --csv FILE.csv")
-    check_selection(min_confidence, coverage)
-    with Outputs([labels_out, csv_out], force, (data, model)) as outs:
-        bundle = load_bundle(model, trust_arch)
-        for note in bundle.notes:
-            out.warn(f"{bundle.path.name}: {note}")
-        with H5Dataset(data) as source:
-            net = bundle.build()
-            check_model_fits(net, bundle.path.name, source, bundle.meta.num_classes,
-                             bundle.meta.arch_kwargs)
-            check_memory(len(source) * bundle.meta.num_classes * 4 * 4,
-                         f"labeling {len(source):,} samples")
-            outs.check_space({p: len(source) * (bundle.meta.num_classes + 6) * 4
-                              for p in (labels_out, csv_out) if p is not None})
-            with log_lines(out.progress):
-                probs = run_guarded(lambda: predict_probs(net, source, batch_size, device))
-            cal = uncalibrated(probs, _temperature(bundle))
-            selection = select(cal.confidence, min_confidence, coverage)
-            labels = LabelSet.from_probs(
-                probs, source.ids(), cal.confidence,
-                None if selection is None else selection.abstained,
-                {**cal.attrs(), **({"selection": selection.to_dict()} if selection else {})})
-            if labels_out is not None:
-                with outs.writing(labels_out) as tmp:
-                    write_labels(tmp, labels, "label", {"model": str(model)},
-                                 [bundle.meta.party or bundle.path.stem], atomic=False)
-            if csv_out is not None:
-                with outs.writing(csv_out) as tmp:
-                    write_labels_csv(tmp, labels, atomic=False)
-            y = source.labels()
-        outs.commit()
-    acc = accuracy_of(probs, y) if y is not None else None
-    where = " and ".join(str(p) for p in (labels_out, csv_out) if p is not None)
-    out.say(f"labeled {len(probs)} samples with {model.name} → {where}"
-            + (f"  (accuracy on y: {acc:.4f})" if acc is not None else ""))
-    out.say(cal.line())
-    for note in cal.notes:
-        out.say(f"note: {note}")
-    if selection is not None:
-        out.say(f"selective labeling ({selection.rule}): {int(selection.abstained.sum())} of "
-                f"{len(probs)} samples left unlabeled (label -1)")
-    out.summary({"command": "label", "samples": len(probs),
-                 "labels": str(labels_out) if labels_out else None,
-                 "csv": str(csv_out) if csv_out else None, "accuracy": acc,
-                 "calibration": cal.attrs(),
-                 "selection": None if selection is None else selection.to_dict()})
-
-
-def _temperature(bundle: Any) -> float | None:
-    """The temperature a refined model carries (``mrtf.calibration``), or None. The value comes
-    from an untrusted file: anything but a finite positive number is ignored."""
-    import json
-    import math
-
-    raw = bundle.meta.extra.get("mrtf.calibration")
-    if raw is None:
-        return None
-    try:
-        t = float(json.loads(raw)["temperature"])
-    except (TypeError, ValueError, KeyError):
-        return None
-    return t if math.isfinite(t) and 0.01 <= t <= 1000 else None
-
-
-@click.command()
-@click.argument("labels", type=click.Path(path_type=Path))
-@click.option("--truth", type=click.Path(path_type=Path), required=True,
-              help="An .h5 dataset holding the true labels y.")
-@click.option("--plot", type=click.Path(path_type=Path), default=None,
-              help="Write a PNG: reliability diagram of the confidence (15 bins) and the "
-                   "risk-coverage curve.")
-@click.option("--force", is_flag=True, help="Replace an existing --plot file.")
-@output_options
-def score(labels: Path, truth: Path, out: Out, plot: Path | None = None,
-          force: bool = False) -> None:
-    """Score a LABELS file against the y of --truth."""
-    with Outputs([plot], force, (labels, truth)) as outs:
-        _score(labels, truth, out, plot, outs)
-
-
-def _score(labels: Path, truth: Path, out: Out, plot: Path | None, outs: Outputs) -> None:
-    predicted = read_labels(labels)
-    with H5Dataset(truth) as ds:
-        if not ds.has_labels:
-            raise InputError(f"{truth}: has no 'y' to score against")
-        if len(ds) != len(predicted.labels):  # before reading y: its row count is declared
-            raise InputError(f"{labels} holds {len(predicted.labels)} labels but {truth} has "
-                             f"{len(ds)} samples")
-        y, ids = ds.labels(), ds.ids()
-    if predicted.ids is not None and ids is not None and (
-            len(ids) != len(predicted.ids) or not np.array_equal(ids, predicted.ids)):
-        raise InputError(f"{labels} and {truth} hold different sample ids")
-    # the labels file says how many classes there are; a y outside them is refused, not
-    # given a row of its own (y = 10^12 would ask for a 10^12 × 10^12 confusion matrix)
-    c = predicted.probs.shape[1]
-    if int(y.min()) < 0 or int(y.max()) >= c:
-        raise InputError(f"{truth}: 'y' holds {int(y.min())}..{int(y.max())}, outside the "
-                         f"{c} classes of {labels} (0..{c - 1})")
-    abst = predicted.abstained if predicted.abstained is not None else \
-        np.zeros(len(y), dtype=bool)
-    full = predicted.probs.argmax(1)  # every sample's label, abstained ones included
-    if abst.all():
-        raise InputError(f"{labels}: every sample is abstained (label -1); nothing to score")
-    result = score_labels(predicted.labels[~abst], y[~abst], c)
-    if abst.any():
-        result["coverage"] = float((~abst).mean())
-        result["accuracy_all"] = float((full == y).mean())
-        out.say(f"accuracy {result['accuracy']:.4f} on the {result['n']} labeled samples "
-                f"(coverage {result['coverage']:.3f}; {int(abst.sum())} abstained); "
-                f"{result['accuracy_all']:.4f} on all {len(y)} with the abstained ones' "
-                "argmax")
-    else:
-        out.say(f"accuracy {result['accuracy']:.4f} on {result['n']} samples")
-    conf = predicted.confidence
-    correct = full == y
-    result["ece"] = ece(conf, correct)
-    cal = predicted.calibration or {}
-    est = cal.get("estimated_accuracy")
-    if isinstance(est, (int, float)):
-        result["estimated_accuracy"] = float(est)
-        pm = cal.get("plus_minus")
-        out.say(f"estimated accuracy {float(est):.4f}"
-                + (f" (±{float(pm):.3f})" if isinstance(pm, (int, float)) else "")
-                + f" vs true {float(correct.mean()):.4f} (all samples): "
-                f"{100 * (float(est) - float(correct.mean())):+.1f} points")
-    out.say(f"ECE of the confidence column (15 bins): {result['ece']:.4f}"
-            + ("" if cal else " (uncalibrated: the max probability)"))
-    out.say(table([[i, result["per_class"][i], result["support"][i]] for i in range(c)],
-                  ["class", "accuracy", "support"]))
-    out.say("confusion (rows: true, columns: predicted)")
-    out.say(table([[i, *row] for i, row in enumerate(result["confusion"])],
-                  ["", *map(str, range(c))]))
-    if plot is not None:
-        from mrtf.trust.plots import plot_trust
-
-        with outs.writing(plot) as tmp:
-            plot_trust(tmp, conf, correct, f"{labels.name}: accuracy "
-                       f"{float(correct.mean()):.3f}", atomic=False)
-        outs.commit()
-        out.say(f"wrote the reliability diagram and risk-coverage curve to {plot}")
-    out.summary({"command": "score", **result, "plot": str(plot) if plot else None})

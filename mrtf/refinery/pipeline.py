@@ -32,10 +32,13 @@ from mrtf.refinery.teachers import (
     _softmax_np,
     avg_logit,
     avg_prob,
+    check_finite,
     global_stds,
+    newest_locals,
     stabilized_probs,
     teacher_logits,
 )
+from mrtf.refinery.trusted import apply_trust, calibration_of, signals_of, trust_on
 
 __all__ = ["METHODS", "METHOD_SPECS", "VARIANTS", "RefineConfig", "RefineResult", "refine"]
 
@@ -78,16 +81,6 @@ def predict_probs(model: nn.Module, source, batch_size: int = 1024,
 
 def _arch_id(m) -> tuple[str, str]:
     return m.meta.arch, json.dumps(m.meta.arch_kwargs, sort_keys=True)
-
-
-def newest_locals(received) -> list:
-    """S_t: the local models of the newest round. Older rounds' files (kept for FedKF's OCA
-    teacher) are not this round's teachers; without ``mrtf.round`` every local model counts."""
-    locals_r = received.by_role("local")
-    rounds = [m.meta.round for m in locals_r if m.meta.round is not None]
-    if not rounds:
-        return locals_r
-    return [m for m in locals_r if m.meta.round is None or m.meta.round == max(rounds)]
 
 
 def check_fits(model: nn.Module, name: str, source, num_classes: int,
@@ -243,18 +236,18 @@ def refine(received, source, config: RefineConfig | None = None,
     """
     config = config or RefineConfig()
     config.validate()
-    if _streams(received, source, config):
-        from mrtf.refinery.streaming import refine_streaming
+    from mrtf.refinery.streaming import check_streamable, refine_streaming, streams
 
-        _check_streamable(config)
+    if streams(received, source, config):
+        check_streamable(config)
         return refine_streaming(received, source, config, student)
     dev = pick_device(config.device)
     spec = METHOD_SPECS[config.method]
     plan = _plan(received, source, config, student, dev)
     timings: dict[str, float] = {"teachers": 0.0, "clr": 0.0, "distill": 0.0, "predict": 0.0}
     t0 = time.perf_counter()
-    trusted = _apply_trust(plan, received, source, config, dev, student is not None) \
-        if _trust_on(config) else None
+    trusted = apply_trust(plan, received, source, config, dev, student is not None) \
+        if trust_on(config) else None
     used = newest_locals(received) if trusted is None else trusted.kept
     u = u_t([m.meta.train_loss for m in used], received.num_classes)
     notes, skip_clr = _notes(received, plan, config)
@@ -275,7 +268,7 @@ def refine(received, source, config: RefineConfig | None = None,
                 TeacherOutputs(np.concatenate([local, out.logits]), out.features,
                                out.stacked_groups, out.looped_groups, out.fast_groups)
     if out is not None:
-        _check_finite(out.logits)
+        check_finite(out.logits)
     if out is not None and teachers[-1] is self_model:
         before = _softmax_np(out.logits[-1])
     else:
@@ -292,7 +285,7 @@ def refine(received, source, config: RefineConfig | None = None,
         targets, extra = _targets(plan, out.logits, out.features, config, u, skip_clr, before,
                                   factors)
         timings["clr"] = extra.pop("clr")
-        signals = _signals(out.logits[:len(plan.locals_)], before, targets)
+        signals = signals_of(out.logits[:len(plan.locals_)], before, targets)
         out.logits = out.features = None  # free (K, M, C) before distilling
         t0 = time.perf_counter()
         model = distill(student_model, source, targets, config.steps, config.batch_size,
@@ -307,12 +300,12 @@ def refine(received, source, config: RefineConfig | None = None,
             "notes": notes, "config": asdict(config)}
     if "adaptive" in extra:
         info.update(_trust_info(extra["adaptive"], probs, before))
-    cal = _calibration(probs, signals)
+    cal = calibration_of(probs, signals)
     # the label-free estimate of the labels' accuracy (mrtf.trust.calibration); the
     # consensus' own view, optimistic where the models are weak, stays under "consensus_view"
     info["estimated_accuracy"] = {
         "refined": cal.estimated_accuracy, "plus_minus": cal.plus_minus, "method": cal.method,
-        "averaged": None if signals is None else _calibration(before, signals)
+        "averaged": None if signals is None else calibration_of(before, signals)
         .estimated_accuracy, "consensus_view": info.get("estimated_accuracy")}
     info["calibration"] = cal.attrs()
     if trusted is not None:
@@ -320,123 +313,6 @@ def refine(received, source, config: RefineConfig | None = None,
         info["verdicts"] = [p.line() for p in trusted.report.parties]
         info["aggregate"] = config.aggregate
     return RefineResult(model.eval(), probs, targets, before, info, timings, cal)
-
-
-def _signals(local_logits: np.ndarray, before: np.ndarray, targets: np.ndarray):
-    """Label-free evidence for the calibrated confidence, kept before the logits are freed."""
-    from mrtf.trust.calibration import Signals
-
-    if len(local_logits) == 0:
-        return None
-    return Signals.from_logits(local_logits, before, targets)
-
-
-def _calibration(probs: np.ndarray, signals):
-    from mrtf.trust.calibration import calibrate, uncalibrated
-
-    if signals is None:
-        return uncalibrated(probs, why="no teachers ran (method fedavg), so there are no "
-                                       "signals to calibrate with")
-    return calibrate(probs, signals)
-
-
-def _trust_on(config: RefineConfig) -> bool:
-    return config.method == "adaptive" if config.trust is None else bool(config.trust)
-
-
-@dataclass
-class _Trusted:
-    """What the reliability check left: the kept local models (ReceivedModel), their target
-    logits (K', M, C), their consensus factors, and the full report."""
-
-    kept: list
-    logits: np.ndarray
-    factors: list[float]
-    report: Any
-
-
-def _apply_trust(plan: _Plan, received, source, config: RefineConfig, dev: torch.device,
-                 student_given: bool) -> _Trusted:
-    """Measure every local model on the target set (mrtf.trust.reliability), leave the
-    excluded ones out of the teachers and rebuild θ_{t+1} from the others with capped,
-    verdict-scaled weights and ``config.aggregate``. Changes ``plan`` in place."""
-    from mrtf.trust.reliability import assess
-
-    locals_r = newest_locals(received)
-    out = teacher_logits(plan.locals_, source, config.inference_batch, dev, None,
-                         config.stack, progress=config.progress)
-    _check_finite(out.logits)
-    k = len(locals_r)
-    report = assess(plan.names[:k], out.logits,
-                    None if plan.heterogeneous else [m.state_dict for m in locals_r],
-                    [m.meta.n_samples for m in locals_r], [m.meta.train_loss for m in locals_r])
-    keep = [i for i in range(k) if i not in report.excluded]
-    if not keep:  # nobody left to learn from: keep everyone, and say so
-        keep = list(range(k))
-        report.notes.append("every party was flagged for exclusion; all are kept")
-    for p in report.parties:
-        if p.verdict != "trusted":
-            plan.notes.append(f"party {p.line()}")
-    if len(keep) < k or any(p.verdict != "trusted" for p in report.parties) or \
-            config.aggregate != "mean":
-        if not plan.heterogeneous:
-            w = [report.weights[i] for i in keep]
-            if sum(w) <= 0:
-                w = [1.0] * len(keep)
-            agg, _ = average_received([locals_r[i] for i in keep], weights=w,
-                                      aggregate=config.aggregate)
-            plan.agg = agg.to(dev)
-            if not student_given:
-                plan.student = copy.deepcopy(plan.agg)
-    plan.locals_ = [plan.locals_[i] for i in keep]
-    plan.names = [plan.names[i] for i in keep] + plan.names[k:]
-    # a claim of a party not trusted is not used for u_t either (st+rd, mrtf)
-    kept = [locals_r[i] for i in keep if report.parties[i].verdict == "trusted"] or \
-        [locals_r[i] for i in keep]
-    return _Trusted(kept, out.logits[keep], [report.parties[i].factor for i in keep], report)
-
-
-def _streams(received, source, config: RefineConfig) -> bool:
-    """Whether the streaming refinery (streaming.py) runs: by ``config.stream`` and size."""
-    from mrtf.refinery.streaming import use_streaming
-
-    k = len(received.models) + 1
-    dims = [t.shape[1] for m in received.models for t in m.state_dict.values() if t.dim() == 2]
-    return use_streaming(config, len(source), k, received.num_classes, max(dims, default=512))
-
-
-#: what the streaming path (large targets) does not do yet, and its option
-STREAMING_GAPS = "party reliability checks, --aggregate, --class-prior and calibration"
-
-
-def _check_streamable(config: RefineConfig) -> None:
-    """The streaming path mirrors the consensus but not yet the trust layer (mrtf.trust) or
-    the class-prior correction: asked for explicitly, they are refused, not silently skipped."""
-    asked = [name for name, on in (("--trust", config.trust is True),
-                                   (f"--aggregate {config.aggregate}", config.aggregate != "mean"),
-                                   (f"--class-prior {config.class_prior}",
-                                    config.class_prior != "learned")) if on]
-    if asked:
-        raise InputError(f"{', '.join(asked)} is not available on the streaming path (large "
-                         "targets) yet; pass --stream off to refine in memory")
-
-
-def streaming_calibration(probs: np.ndarray):
-    """The streaming path's confidence: the refined model's own, said to be uncalibrated."""
-    from mrtf.trust.calibration import uncalibrated
-
-    return uncalibrated(probs, why="the streaming path (large targets) keeps no teacher "
-                                   "signals to calibrate with")
-
-
-def _check_finite(logits: np.ndarray) -> None:
-    """Refuse teacher outputs that overflowed: NaN targets would only surface later as a
-    diverged distillation or a failed clustering, far from their cause."""
-    bad = ~np.isfinite(logits).all(axis=(0, 2))
-    if bad.any():
-        raise InputError(f"the received models' outputs are not finite on {int(bad.sum())} of "
-                         f"{len(bad)} target samples (their weights or the data overflow "
-                         "float32); rescale the data or check the models")
 
 
 def _live_start(plan: _Plan, before: np.ndarray, config: RefineConfig, notes: list[str],

@@ -42,6 +42,7 @@ from mrtf.refinery.distill import distill
 from mrtf.refinery.spill import Scratch, SpillArray, TeacherMajor
 from mrtf.refinery.streaming_adaptive import adaptive_targets_blocks
 from mrtf.refinery.teachers import TeacherChunks, _softmax_np
+from mrtf.refinery.trusted import trust_on
 
 if TYPE_CHECKING:  # pipeline imports this module lazily; no import cycle at run time
     from mrtf.refinery.pipeline import RefineResult
@@ -148,10 +149,10 @@ def refine_streaming(received, source, config: RefineConfig,
             "notes": notes, "config": asdict(config), "streaming": True}
     if "adaptive" in extra:
         info.update(pl._trust_info(extra["adaptive"], probs, before))
-    if pl._trust_on(config):
-        notes.append(f"streaming path (large target): {pl.STREAMING_GAPS} are not applied "
+    if trust_on(config):
+        notes.append(f"streaming path (large target): {STREAMING_GAPS} are not applied "
                      "on it yet; --stream off refines in memory with them")
-    cal = pl.streaming_calibration(probs)
+    cal = streaming_calibration(probs)
     info["estimated_accuracy"] = {"refined": cal.estimated_accuracy,
                                   "plus_minus": cal.plus_minus, "method": cal.method,
                                   "averaged": None,
@@ -199,3 +200,34 @@ def _adaptive(plan, sink: _Pass, logits: TeacherMajor, config: RefineConfig,
     out = adaptive_targets_blocks(sink.logits, lo, hi, plan.names, before, sink.features,
                                   config.seed, len(plan.locals_))
     return out.targets, {"adaptive": out}
+
+
+def streams(received, source, config: RefineConfig) -> bool:
+    """Whether the streaming refinery (streaming.py) runs: by ``config.stream`` and size."""
+    k = len(received.models) + 1
+    dims = [t.shape[1] for m in received.models for t in m.state_dict.values() if t.dim() == 2]
+    return use_streaming(config, len(source), k, received.num_classes, max(dims, default=512))
+
+
+#: what the streaming path (large targets) does not do yet, and its option
+STREAMING_GAPS = "party reliability checks, --aggregate, --class-prior and calibration"
+
+
+def check_streamable(config: RefineConfig) -> None:
+    """The streaming path mirrors the consensus but not yet the trust layer (mrtf.trust) or
+    the class-prior correction: asked for explicitly, they are refused, not silently skipped."""
+    asked = [name for name, on in (("--trust", config.trust is True),
+                                   (f"--aggregate {config.aggregate}", config.aggregate != "mean"),
+                                   (f"--class-prior {config.class_prior}",
+                                    config.class_prior != "learned")) if on]
+    if asked:
+        raise InputError(f"{', '.join(asked)} is not available on the streaming path (large "
+                         "targets) yet; pass --stream off to refine in memory")
+
+
+def streaming_calibration(probs: np.ndarray):
+    """The streaming path's confidence: the refined model's own, said to be uncalibrated."""
+    from mrtf.trust.calibration import uncalibrated
+
+    return uncalibrated(probs, why="the streaming path (large targets) keeps no teacher "
+                                   "signals to calibrate with")

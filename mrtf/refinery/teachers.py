@@ -27,6 +27,7 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from mrtf.device import pick_device
+from mrtf.errors import InputError
 from mrtf.refinery.fastpath import PRECISIONS, fast_features, fast_forward
 
 STD_MODES = ("global", "batch")
@@ -360,3 +361,23 @@ def avg_logit(logits: np.ndarray, weights: Sequence[float] | np.ndarray | None =
     w = _weights(weights, logits.shape[0])
     w = w[:, None, None] if w.ndim == 1 else w[:, :, None]
     return _softmax_np((w * logits.astype(np.float64)).sum(0))
+
+
+def newest_locals(received) -> list:
+    """S_t: the local models of the newest round. Older rounds' files (kept for FedKF's OCA
+    teacher) are not this round's teachers; without ``mrtf.round`` every local model counts."""
+    locals_r = received.by_role("local")
+    rounds = [m.meta.round for m in locals_r if m.meta.round is not None]
+    if not rounds:
+        return locals_r
+    return [m for m in locals_r if m.meta.round is None or m.meta.round == max(rounds)]
+
+
+def check_finite(logits: np.ndarray) -> None:
+    """Refuse teacher outputs that overflowed: NaN targets would only surface later as a
+    diverged distillation or a failed clustering, far from their cause."""
+    bad = ~np.isfinite(logits).all(axis=(0, 2))
+    if bad.any():
+        raise InputError(f"the received models' outputs are not finite on {int(bad.sum())} of "
+                         f"{len(bad)} target samples (their weights or the data overflow "
+                         "float32); rescale the data or check the models")

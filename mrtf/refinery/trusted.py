@@ -1,0 +1,90 @@
+"""The trust layer's hooks into refine (mrtf.trust): which parties teach and with what weight,
+and how sure the labels are. Kept apart from pipeline.py so the refinery's core reads on its
+own; ``refine`` calls these when ``trust_on(config)``."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from mrtf.averaging import average_received
+from mrtf.refinery.config import RefineConfig
+from mrtf.refinery.teachers import check_finite, newest_locals, teacher_logits
+
+
+def signals_of(local_logits: np.ndarray, before: np.ndarray, targets: np.ndarray):
+    """Label-free evidence for the calibrated confidence, kept before the logits are freed."""
+    from mrtf.trust.calibration import Signals
+
+    if len(local_logits) == 0:
+        return None
+    return Signals.from_logits(local_logits, before, targets)
+
+
+def calibration_of(probs: np.ndarray, signals):
+    from mrtf.trust.calibration import calibrate, uncalibrated
+
+    if signals is None:
+        return uncalibrated(probs, why="no teachers ran (method fedavg), so there are no "
+                                       "signals to calibrate with")
+    return calibrate(probs, signals)
+
+
+def trust_on(config: RefineConfig) -> bool:
+    return config.method == "adaptive" if config.trust is None else bool(config.trust)
+
+
+@dataclass
+class Trusted:
+    """What the reliability check left: the kept local models (ReceivedModel), their target
+    logits (K', M, C), their consensus factors, and the full report."""
+
+    kept: list
+    logits: np.ndarray
+    factors: list[float]
+    report: Any
+
+
+def apply_trust(plan, received, source, config: RefineConfig, dev: torch.device,
+                 student_given: bool) -> Trusted:
+    """Measure every local model on the target set (mrtf.trust.reliability), leave the
+    excluded ones out of the teachers and rebuild θ_{t+1} from the others with capped,
+    verdict-scaled weights and ``config.aggregate``. Changes ``plan`` in place."""
+    from mrtf.trust.reliability import assess
+
+    locals_r = newest_locals(received)
+    out = teacher_logits(plan.locals_, source, config.inference_batch, dev, None,
+                         config.stack, progress=config.progress)
+    check_finite(out.logits)
+    k = len(locals_r)
+    report = assess(plan.names[:k], out.logits,
+                    None if plan.heterogeneous else [m.state_dict for m in locals_r],
+                    [m.meta.n_samples for m in locals_r], [m.meta.train_loss for m in locals_r])
+    keep = [i for i in range(k) if i not in report.excluded]
+    if not keep:  # nobody left to learn from: keep everyone, and say so
+        keep = list(range(k))
+        report.notes.append("every party was flagged for exclusion; all are kept")
+    for p in report.parties:
+        if p.verdict != "trusted":
+            plan.notes.append(f"party {p.line()}")
+    if len(keep) < k or any(p.verdict != "trusted" for p in report.parties) or \
+            config.aggregate != "mean":
+        if not plan.heterogeneous:
+            w = [report.weights[i] for i in keep]
+            if sum(w) <= 0:
+                w = [1.0] * len(keep)
+            agg, _ = average_received([locals_r[i] for i in keep], weights=w,
+                                      aggregate=config.aggregate)
+            plan.agg = agg.to(dev)
+            if not student_given:
+                plan.student = copy.deepcopy(plan.agg)
+    plan.locals_ = [plan.locals_[i] for i in keep]
+    plan.names = [plan.names[i] for i in keep] + plan.names[k:]
+    # a claim of a party not trusted is not used for u_t either (st+rd, mrtf)
+    kept = [locals_r[i] for i in keep if report.parties[i].verdict == "trusted"] or \
+        [locals_r[i] for i in keep]
+    return Trusted(kept, out.logits[keep], [report.parties[i].factor for i in keep], report)
