@@ -8,7 +8,8 @@ from pathlib import Path
 import click
 
 from mrtf.cli.common import Out, output_options, table
-from mrtf.io.hdf5 import read_dataset, read_labels
+from mrtf.io.hdf5 import read_dataset
+from mrtf.io.labels import read_labels
 from mrtf.scoring import score_labels
 
 #: the default (adaptive) beside the parameter average, FedDF and the paper's MrTF

@@ -13,7 +13,8 @@ from mrtf.io.bundles import (
     load_bundle,
 )
 from mrtf.io.fits import check_model_fits
-from mrtf.io.hdf5 import H5Dataset, LabelSet, write_labels
+from mrtf.io.hdf5 import H5Dataset
+from mrtf.io.labels import LabelSet, write_labels
 from mrtf.io.labels_csv import write_labels_csv
 from mrtf.io.limits import check_memory
 from mrtf.io.outputs import Outputs

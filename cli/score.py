@@ -9,7 +9,8 @@ import numpy as np
 
 from mrtf.cli.common import Out, output_options, table
 from mrtf.errors import InputError
-from mrtf.io.hdf5 import H5Dataset, read_labels
+from mrtf.io.hdf5 import H5Dataset
+from mrtf.io.labels import read_labels
 from mrtf.io.outputs import Outputs
 from mrtf.scoring import score_labels
 from mrtf.trust.metrics import ece

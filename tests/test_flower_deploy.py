@@ -26,7 +26,8 @@ pytest.importorskip("mlxtend")
 from flower_deploy import Deployment, write_federation  # noqa: E402
 
 from mrtf.federated.run_config import RunConfig  # noqa: E402
-from mrtf.io.hdf5 import read_labels, write_dataset  # noqa: E402
+from mrtf.io.hdf5 import write_dataset  # noqa: E402
+from mrtf.io.labels import read_labels
 
 pytestmark = pytest.mark.deploy
 

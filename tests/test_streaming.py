@@ -66,7 +66,7 @@ def test_cli_stream_on_writes_the_same_labels(digits_federation, tmp_path):
     from click.testing import CliRunner
 
     from mrtf.cli.main import cli
-    from mrtf.io.hdf5 import read_labels
+    from mrtf.io.labels import read_labels
 
     received, target, _ = digits_federation
     out = {}

@@ -9,16 +9,8 @@ from mrtf.io.bundles import (
     load_received,
     save_bundle,
 )
-from mrtf.io.hdf5 import (
-    ArraySource,
-    H5Dataset,
-    LabelSet,
-    describe_h5,
-    read_dataset,
-    read_labels,
-    write_dataset,
-    write_labels,
-)
+from mrtf.io.hdf5 import ArraySource, H5Dataset, describe_h5, read_dataset, write_dataset
+from mrtf.io.labels import LabelSet, read_labels, write_labels
 
 __all__ = [
     "ArraySource", "BundleMeta", "H5Dataset", "LabelSet", "ReceivedModel", "ReceivedSet",

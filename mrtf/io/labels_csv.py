@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from mrtf.io.atomic import atomic_path
-from mrtf.io.hdf5 import LabelSet
+from mrtf.io.labels import LabelSet
 
 
 def write_labels_csv(path: str | os.PathLike, labels: LabelSet, atomic: bool = True) -> Path:
