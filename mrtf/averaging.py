@@ -9,6 +9,17 @@ from collections.abc import Sequence
 import torch
 
 
+def _common_keys(states: Sequence[dict[str, torch.Tensor]]) -> list[str]:
+    """The state dicts' keys, which must be the same in every one (one architecture)."""
+    if not states:
+        raise ValueError("nothing to average")
+    keys = list(states[0])
+    for s in states[1:]:
+        if list(s) != keys:
+            raise ValueError("state dicts have different keys (different architectures?)")
+    return keys
+
+
 def average_states(states: Sequence[dict[str, torch.Tensor]],
                    weights: Sequence[float] | None = None) -> dict[str, torch.Tensor]:
     """Weighted average of state dicts (uniform when ``weights`` is None).
@@ -16,12 +27,7 @@ def average_states(states: Sequence[dict[str, torch.Tensor]],
     Float tensors (BN running statistics included) are averaged; integer buffers such as
     ``num_batches_tracked`` take the maximum.
     """
-    if not states:
-        raise ValueError("nothing to average")
-    keys = list(states[0])
-    for s in states[1:]:
-        if list(s) != keys:
-            raise ValueError("state dicts have different keys (different architectures?)")
+    keys = _common_keys(states)
     w = torch.tensor([1.0] * len(states) if weights is None else list(weights),
                      dtype=torch.float64)
     if (w < 0).any() or w.sum() <= 0:
@@ -70,12 +76,7 @@ def aggregate_states(states: Sequence[dict[str, torch.Tensor]],
     kind, beta = parse_aggregate(aggregate)
     if kind == "mean":
         return average_states(states, weights)
-    if not states:
-        raise ValueError("nothing to average")
-    keys = list(states[0])
-    for s in states[1:]:
-        if list(s) != keys:
-            raise ValueError("state dicts have different keys (different architectures?)")
+    keys = _common_keys(states)
     k = len(states)
     cut = int(math.floor(beta * k)) if kind == "trimmed" else 0
     out: dict[str, torch.Tensor] = {}

@@ -184,16 +184,26 @@ def adaptive_targets(probs: np.ndarray, names: Sequence[str], self_probs: np.nda
     if lam > 0:
         clusters = kmeans_view(features, 2 * c, seed)
         final = _consensus(views + [clusters], init, w_models + [lam])
-    sources = []
-    for j, i in enumerate(live):
-        acc = final.estimated_accuracy(j)
-        sources.append(SourceTrust(names[i], w_models[j], acc, _verdict(acc, c)))
-    reason = (f"the models' consensus is {conf:.3f} sure (mean max posterior), so clusters of "
-              f"the averaged model's features count {lam:.2f}× a model")
-    if features is not None:
-        sources.append(SourceTrust("clusters", round(lam, 3), None, reason))
+    sources = source_report(final, [names[i] for i in live], w_models, c, conf, lam,
+                            features is not None)
     return AdaptiveTargets(final.posterior.astype(np.float32), sources + dead, conf, lam, final,
                            strength)
+
+
+def source_report(final: Consensus, names: Sequence[str], weights: Sequence[float],
+                  num_classes: int, confidence: float, lam: float, clustered: bool
+                  ) -> list[SourceTrust]:
+    """One SourceTrust per live source (in consensus order) and, with a cluster view, why the
+    clusters counted what they did; shared with the streaming consensus."""
+    sources = []
+    for j, name in enumerate(names):
+        acc = final.estimated_accuracy(j)
+        sources.append(SourceTrust(name, weights[j], acc, _verdict(acc, num_classes)))
+    reason = (f"the models' consensus is {confidence:.3f} sure (mean max posterior), so "
+              f"clusters of the averaged model's features count {lam:.2f}× a model")
+    if clustered:
+        sources.append(SourceTrust("clusters", round(lam, 3), None, reason))
+    return sources
 
 
 def _consensus(views: list[np.ndarray], init: np.ndarray,

@@ -27,8 +27,8 @@ from mrtf.refinery.adaptive import (
     SELF_WEIGHT,
     AdaptiveTargets,
     SourceTrust,
-    _verdict,
     cluster_weight,
+    source_report,
 )
 from mrtf.refinery.cluster import _one_blas_thread, kmeans_assign
 from mrtf.refinery.consensus import Consensus
@@ -203,12 +203,6 @@ def _adaptive_targets_blocks(probs, lo: np.ndarray, hi: np.ndarray, names: Seque
     if lam > 0:
         assign, n = kmeans_assign(features, 2 * c, seed)
         final = _consensus(BlockViews(probs, live, assign, n), nl, w_models + [lam], post)
-    sources = []
-    for j, i in enumerate(live):
-        acc = final.estimated_accuracy(j)
-        sources.append(SourceTrust(names[i], w_models[j], acc, _verdict(acc, c)))
-    reason = (f"the models' consensus is {conf:.3f} sure (mean max posterior), so clusters of "
-              f"the averaged model's features count {lam:.2f}× a model")
-    if features is not None:
-        sources.append(SourceTrust("clusters", round(lam, 3), None, reason))
+    sources = source_report(final, [names[i] for i in live], w_models, c, conf, lam,
+                            features is not None)
     return AdaptiveTargets(final.posterior.astype(np.float32), sources + dead, conf, lam, final)
