@@ -49,7 +49,13 @@ def test_streaming_labels_equal_in_memory(setup, tmp_path, method):
             [s["name"] for s in mem.info["sources"]]
         for a, b in zip(out.info["sources"], mem.info["sources"]):
             assert a["estimated_accuracy"] == pytest.approx(b["estimated_accuracy"], abs=1e-9)
-    else:  # the paper's methods: every block-wise step is the in-memory one, bit for bit
+    # the calibrated confidence: the same evidence, read from the spill by blocks
+    assert out.calibration.method == mem.calibration.method
+    np.testing.assert_allclose(out.calibration.confidence, mem.calibration.confidence,
+                               atol=1e-5)
+    assert out.info["estimated_accuracy"]["refined"] == \
+        pytest.approx(mem.info["estimated_accuracy"]["refined"], abs=1e-5)
+    if method != "adaptive":  # the paper's methods: every block-wise step is the in-memory one
         np.testing.assert_array_equal(out.target_probs, mem.target_probs)
         np.testing.assert_array_equal(out.probs, mem.probs)
 

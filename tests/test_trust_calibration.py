@@ -129,3 +129,16 @@ def test_bad_label_options_exit_2(digits_federation, tmp_path):
                                  str(tmp_path / "l.h5"), "--min-confidence", "-1"])
     assert r.exit_code == 2
     assert len([ln for ln in r.output.splitlines() if ln.strip()]) == 1
+
+
+def test_signals_read_by_blocks_equal_the_whole_array():
+    """The streaming path reads the local models' logits in blocks that need not divide M."""
+    rng = np.random.default_rng(7)
+    logits = rng.normal(0, 2, (4, 203, 5)).astype(np.float32)
+    avg = np.full((203, 5), 0.2, np.float32)
+    whole = Signals.from_logits(logits, avg, avg)
+    blocks = Signals.from_logits(logits, avg, avg, block=50)
+    np.testing.assert_array_equal(blocks.votes, whole.votes)
+    np.testing.assert_allclose(blocks.mean_prob, whole.mean_prob, rtol=1e-6)
+    assert blocks.local_confidence == pytest.approx(whole.local_confidence, rel=1e-12)
+    assert blocks.pairwise_agreement == pytest.approx(whole.pairwise_agreement, rel=1e-12)

@@ -42,7 +42,7 @@ from mrtf.refinery.distill import distill
 from mrtf.refinery.spill import Scratch, SpillArray, TeacherMajor
 from mrtf.refinery.streaming_adaptive import adaptive_targets_blocks
 from mrtf.refinery.teachers import TeacherChunks, _softmax_np
-from mrtf.refinery.trusted import trust_on
+from mrtf.refinery.trusted import calibration_of, trust_on
 
 if TYPE_CHECKING:  # pipeline imports this module lazily; no import cycle at run time
     from mrtf.refinery.pipeline import RefineResult
@@ -113,6 +113,7 @@ def refine_streaming(received, source, config: RefineConfig,
     if spec.teachers == "all":
         teachers += ([plan.start] if plan.start is not None else []) + [self_model]
     extra: dict[str, Any] = {}
+    local = None  # the calibration's evidence (trust.calibration.Signals)
     with Scratch(config.scratch_dir) as scratch:
         t0 = time.perf_counter()
         sink = None
@@ -133,8 +134,13 @@ def refine_streaming(received, source, config: RefineConfig,
         if sink is None:  # fedavg: θ_{t+1} as it is
             model, targets = self_model.eval(), before
         else:
+            # the calibration's evidence from the raw logits, before adaptive's Eq. 6 pass
+            # overwrites them in place (the consensus is attached once it exists)
+            local = _local_signals(sink, len(plan.locals_), before)
             targets, extra = _targets(plan, sink, config, u, skip_clr, before)
             timings["clr"] = extra.pop("clr")
+            if local is not None:
+                local.consensus = np.asarray(targets, np.float32)
     if sink is not None:
         t0 = time.perf_counter()
         model = distill(student_model, source, targets, config.steps, config.batch_size,
@@ -152,13 +158,23 @@ def refine_streaming(received, source, config: RefineConfig,
     if trust_on(config):
         notes.append(f"streaming path (large target): {STREAMING_GAPS} are not applied "
                      "on it yet; --stream off refines in memory with them")
-    cal = streaming_calibration(probs)
+    cal = calibration_of(probs, local)
     info["estimated_accuracy"] = {"refined": cal.estimated_accuracy,
                                   "plus_minus": cal.plus_minus, "method": cal.method,
-                                  "averaged": None,
+                                  "averaged": None if local is None else
+                                  calibration_of(before, local).estimated_accuracy,
                                   "consensus_view": info.get("estimated_accuracy")}
     info["calibration"] = cal.attrs()
     return pl.RefineResult(model.eval(), probs, targets, before, info, timings, cal)
+
+
+def _local_signals(sink: _Pass, k: int, before: np.ndarray):
+    """trust.calibration.Signals of the local models, read from the logits spill by blocks."""
+    from mrtf.trust.calibration import Signals
+
+    if k == 0 or sink.logits is None:
+        return None
+    return Signals.from_logits(TeacherMajor(sink.logits), before, before, BLOCK_ROWS, k)
 
 
 def _targets(plan, sink: _Pass, config: RefineConfig, u: float, skip_clr: bool,
@@ -210,7 +226,9 @@ def streams(received, source, config: RefineConfig) -> bool:
 
 
 #: what the streaming path (large targets) does not do yet, and its option
-STREAMING_GAPS = "party reliability checks, --aggregate, --class-prior and calibration"
+STREAMING_GAPS = "party reliability checks, --aggregate and --class-prior"
+#: rows per block when the calibration's evidence is read from the logits spill
+BLOCK_ROWS = 65_536
 
 
 def check_streamable(config: RefineConfig) -> None:
@@ -223,11 +241,3 @@ def check_streamable(config: RefineConfig) -> None:
     if asked:
         raise InputError(f"{', '.join(asked)} is not available on the streaming path (large "
                          "targets) yet; pass --stream off to refine in memory")
-
-
-def streaming_calibration(probs: np.ndarray):
-    """The streaming path's confidence: the refined model's own, said to be uncalibrated."""
-    from mrtf.trust.calibration import uncalibrated
-
-    return uncalibrated(probs, why="the streaming path (large targets) keeps no teacher "
-                                   "signals to calibrate with")

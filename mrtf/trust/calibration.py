@@ -78,21 +78,34 @@ class Signals:
 
     @classmethod
     def from_logits(cls, local_logits: np.ndarray, averaged: np.ndarray,
-                    consensus: np.ndarray) -> Signals:
-        """local_logits (K, M, C) of the local models; averaged, consensus (M, C)."""
+                    consensus: np.ndarray, block: int | None = None,
+                    models: int | None = None) -> Signals:
+        """local_logits (K, M, C) of the local models, or anything indexed ``a[:k, s:e]`` that
+        returns such a block (the streaming path's spill, read ``block`` rows at a time, whose
+        first ``models`` teachers are the local models); averaged, consensus (M, C)."""
         k, m, c = local_logits.shape
+        k = k if models is None else models
+        block = m if block is None else block
         votes = np.zeros((m, c), dtype=np.float32)
         mean = np.zeros((m, c), dtype=np.float64)
-        picks = []
-        conf = 0.0
-        for i in range(k):  # one model at a time: no (K, M, C) float64 temporary
-            p = _softmax(local_logits[i])
-            pick = p.argmax(1)
-            votes[np.arange(m), pick] += 1.0 / k
-            mean += p / k
-            conf += float(p.max(1).mean()) / k
-            picks.append(pick)
-        pairs = [(picks[i] == picks[j]).mean() for i in range(k) for j in range(i + 1, k)]
+        conf_sum = np.zeros(k)
+        same = np.zeros((k, k))
+        for s in range(0, m, block):
+            rows = local_logits[:k, s:s + block]
+            n = rows.shape[1]
+            picks = []
+            for i in range(k):  # one model at a time: no (K, M, C) float64 temporary
+                p = _softmax(rows[i])
+                pick = p.argmax(1)
+                votes[s + np.arange(n), pick] += 1.0 / k
+                mean[s:s + n] += p / k
+                conf_sum[i] += float(p.max(1).sum())
+                picks.append(pick)
+            for i in range(k):
+                for j in range(i + 1, k):
+                    same[i, j] += float((picks[i] == picks[j]).sum())
+        conf = float(np.sum(conf_sum / m) / k)
+        pairs = [same[i, j] / m for i in range(k) for j in range(i + 1, k)]
         return cls(votes, mean.astype(np.float32), np.asarray(averaged, np.float32),
                    np.asarray(consensus, np.float32), conf,
                    float(np.mean(pairs)) if pairs else 1.0)
