@@ -1,5 +1,7 @@
 """The refinery pipeline and the paper's Sect. 5.1 demo on scikit-learn digits."""
 
+import copy
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +23,8 @@ from mrtf.refinery import (
     stabilized_probs,
     teacher_logits,
 )
+from mrtf.refinery.pipeline import predict_probs
+from mrtf.refinery.shot import ShotSettings, shot_adapt
 
 KW = {"in_channels": 1, "image_size": 8}
 CLASSES = ((0, 1), (2, 3), (4, 5))
@@ -131,9 +135,43 @@ def test_adaptive_reports_every_source_and_a_label_free_estimate(demo):
     assert r.info["method"] == "adaptive"
     names = [s["name"] for s in r.info["sources"]]
     assert len(names) == 3 + 2 + 1  # 3 parties, θ_t, θ_{t+1}, the cluster view
-    assert names[-1] == "clusters" and len(r.info["trust"]) == len(names)
+    assert names[-1] == "clusters" and len(r.info["trust"]) == len(names) + 1
+    assert r.info["trust"][-1].startswith("target novelty")  # vote or adapt, and why
     est = r.info["estimated_accuracy"]
     assert 0 <= est["averaged"] <= 1 and 0 <= est["refined"] <= 1
+
+
+def _claiming(received, loss):
+    """The same models, every local one claiming training loss ``loss``."""
+    return ReceivedSet([ReceivedModel(m.path, replace(m.meta, train_loss=loss)
+                                      if m.meta.role == "local" else m.meta, m.state_dict)
+                        for m in received.models], [])
+
+
+def test_adaptive_adapts_the_average_when_the_target_is_new_to_the_parties(demo):
+    """Parties that fit their own data far better than they are sure on the target (here: they
+    claim loss 0, their entropy on it is ~0.6 nats) share blind spots: the refined model is
+    θ_{t+1} adapted by SHOT under the same budget and seed, not the vote distilled."""
+    x, y = demo["x"], demo["y"]
+    new = _claiming(demo["received"], 0.0)
+    r = refine(new, ArraySource(x, y), _cfg(trust=False))
+    assert r.info["novelty"]["adapt"] and r.info["novelty"]["gap"] > 0.1
+    assert "adapted to it (SHOT)" in r.info["trust"][-1]
+    avg = refine(new, ArraySource(x), _cfg(method="fedavg")).model
+    shot = shot_adapt(copy.deepcopy(avg), ArraySource(x), ShotSettings(steps=15, batch_size=32),
+                      seed=0)
+    np.testing.assert_allclose(r.probs, predict_probs(shot, ArraySource(x), 256), atol=1e-6)
+    shuffled = refine(new, ArraySource(x, np.random.default_rng(1).permutation(y)),
+                      _cfg(trust=False))
+    np.testing.assert_array_equal(r.probs, shuffled.probs)  # y is never read
+
+
+@pytest.mark.parametrize("loss", [5.0, None])
+def test_adaptive_votes_when_the_target_looks_familiar_or_nobody_says(demo, loss):
+    r = refine(_claiming(demo["received"], loss), ArraySource(demo["x"]), _cfg(trust=False))
+    assert not r.info["novelty"]["adapt"]
+    assert (r.info["novelty"]["gap"] is None) == (loss is None)
+    assert "vote is distilled" in r.info["trust"][-1]
 
 
 def test_adaptive_does_not_collapse_on_dead_parties(demo):

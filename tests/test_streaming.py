@@ -101,3 +101,19 @@ def test_cli_stream_on_refuses_what_it_does_not_do(digits_federation, tmp_path, 
     assert res.exit_code == 2, res.output
     assert "not available on the streaming path" in res.output
     assert list(tmp_path.iterdir()) == []
+
+
+def test_streaming_measures_novelty_but_distils_the_vote(setup, tmp_path):
+    """A target new to the parties (they claim loss 0): in memory θ_{t+1} is adapted (SHOT);
+    the streaming path measures the same gap, distils the vote and says so."""
+    from dataclasses import replace
+
+    from mrtf.io.bundles import ReceivedModel, ReceivedSet
+
+    received, source = setup
+    new = ReceivedSet([ReceivedModel(m.path, replace(m.meta, train_loss=0.0)
+                                     if m.meta.role == "local" else m.meta, m.state_dict)
+                       for m in received.models], [])
+    mem, out = _both(new, source, tmp_path, method="adaptive", trust=False, steps=5)
+    assert mem.info["novelty"]["adapt"]
+    assert any("streaming path cannot adapt" in n for n in out.info["notes"])

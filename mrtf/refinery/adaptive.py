@@ -19,6 +19,9 @@ What it replaces, and why (measured on bench/label_quality.py, see README):
   AvgProb (Eq. 7), the paper's ensemble.
 - A source whose output is the same for every sample (a dead network) carries no information:
   it is left out; when no model is left, the targets are θ_{t+1}'s own predictions.
+- The vote assumes the sources err independently; when the target is new to all of them
+  (novelty.py decides, from their entropy on it against their reported training loss), the
+  pipeline adapts θ_{t+1} to the target (SHOT) instead of distilling these targets.
 
 The constants (starts, 0.75, λ's scale and cap) were chosen on the label-quality grid itself
 (24 received sets); there is no held-out grid, so read its numbers as in-sample.

@@ -2,9 +2,10 @@
 
 ``refine`` is a pure function of (models, data, config): teachers' logits are computed once
 (teachers.py), turned into distillation targets by the chosen method (Eq. 3, 6-7, 10, 11-12),
-and distilled into θ_{t+1} or a student (Eq. 1-2). The target's ``y`` is never read.
-Large target sets go to the streaming refinery (streaming.py, ``RefineConfig.stream``), which
-gives the same labels with memory flat in M.
+and distilled into θ_{t+1} or a student (Eq. 1-2); the adaptive method adapts θ_{t+1} with
+SHOT instead when the target is new to the parties (novelty.py). The target's ``y`` is never
+read. Large target sets go to the streaming refinery (streaming.py, ``RefineConfig.stream``),
+which gives the same labels with memory flat in M (it always distils the vote).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from mrtf.refinery.adaptive import adaptive_targets, estimated_accuracy, input_i
 from mrtf.refinery.cluster import prototype_targets
 from mrtf.refinery.config import METHOD_SPECS, METHODS, REF_STD_BATCH, VARIANTS, RefineConfig
 from mrtf.refinery.distill import distill
+from mrtf.refinery.novelty import Novelty, target_novelty
 from mrtf.refinery.rectify import U_FALLBACK, rectified_targets, u_t
 from mrtf.refinery.teachers import (
     TeacherOutputs,
@@ -46,9 +48,11 @@ __all__ = ["METHODS", "METHOD_SPECS", "VARIANTS", "RefineConfig", "RefineResult"
 @dataclass
 class RefineResult:
     """model: refined module (eval mode). probs (M, C): its softmax on the target (the labels).
-    target_probs (M, C): distillation targets (fedavg: θ_{t+1}'s probs). averaged_probs (M, C):
-    θ_{t+1} (or the student) before refinement. info: method, variant, u_t, teachers,
-    heterogeneous, notes, config. timings: seconds per stage."""
+    target_probs (M, C): distillation targets (fedavg: θ_{t+1}'s probs; adaptive: the consensus,
+    kept for the record when θ_{t+1} was adapted to the target instead, novelty.py).
+    averaged_probs (M, C): θ_{t+1} (or the student) before refinement. info: method, variant,
+    u_t, teachers, heterogeneous, notes, config (adaptive: also sources, trust, novelty).
+    timings: seconds per stage."""
 
     model: nn.Module
     probs: np.ndarray
@@ -286,11 +290,13 @@ def refine(received, source, config: RefineConfig | None = None,
                                   factors)
         timings["clr"] = extra.pop("clr")
         signals = signals_of(out.logits[:len(plan.locals_)], before, targets)
+        novelty = _novelty(plan, out.logits, used, config, student is not None)
         out.logits = out.features = None  # free (K, M, C) before distilling
         t0 = time.perf_counter()
-        model = distill(student_model, source, targets, config.steps, config.batch_size,
-                        config.lr, config.seed, dev, config.variant, config.progress)
+        model = _fit(student_model, source, targets, config, dev, novelty)
         timings["distill"] = time.perf_counter() - t0
+        if novelty is not None:
+            extra["novelty"] = novelty
     t0 = time.perf_counter()
     probs = before if not teachers else \
         predict_probs(model, source, config.inference_batch, dev, config.stack)
@@ -300,6 +306,9 @@ def refine(received, source, config: RefineConfig | None = None,
             "notes": notes, "config": asdict(config)}
     if "adaptive" in extra:
         info.update(_trust_info(extra["adaptive"], probs, before))
+    if "novelty" in extra:
+        info["novelty"] = asdict(extra["novelty"])
+        info.setdefault("trust", []).append(extra["novelty"].line())
     cal = calibration_of(probs, signals)
     # the label-free estimate of the labels' accuracy (mrtf.trust.calibration); the
     # consensus' own view, optimistic where the models are weak, stays under "consensus_view"
@@ -313,6 +322,31 @@ def refine(received, source, config: RefineConfig | None = None,
         info["verdicts"] = [p.line() for p in trusted.report.parties]
         info["aggregate"] = config.aggregate
     return RefineResult(model.eval(), probs, targets, before, info, timings, cal)
+
+
+def _novelty(plan: _Plan, logits: np.ndarray, used, config: RefineConfig,
+             student_given: bool) -> Novelty | None:
+    """The adaptive method's choice between distilling the vote and adapting θ_{t+1}
+    (novelty.py); None for the other methods, and when there is no θ_{t+1} to adapt (parties
+    of different architectures, or a student the caller gave)."""
+    if config.method != "adaptive" or plan.agg is None or student_given:
+        return None
+    return target_novelty(logits, [m.meta.train_loss for m in used],
+                          num_local=len(plan.locals_))
+
+
+def _fit(student: nn.Module, source, targets: np.ndarray, config: RefineConfig,
+         dev: torch.device, novelty: Novelty | None) -> nn.Module:
+    """Distil ``targets`` into ``student`` (Eq. 1-2), or, when the target is new to the
+    parties, adapt it to the target with SHOT under the same step budget (novelty.py)."""
+    if novelty is not None and novelty.adapt:
+        from mrtf.refinery.shot import ShotSettings, shot_adapt
+
+        return shot_adapt(student, source, ShotSettings(steps=config.steps,
+                                                        batch_size=config.batch_size),
+                          config.seed, dev, config.progress)
+    return distill(student, source, targets, config.steps, config.batch_size, config.lr,
+                   config.seed, dev, config.variant, config.progress)
 
 
 def _live_start(plan: _Plan, before: np.ndarray, config: RefineConfig, notes: list[str],

@@ -137,6 +137,12 @@ def refine_streaming(received, source, config: RefineConfig,
             # the calibration's evidence from the raw logits, before adaptive's Eq. 6 pass
             # overwrites them in place (the consensus is attached once it exists)
             local = _local_signals(sink, len(plan.locals_), before)
+            novelty = pl._novelty(plan, TeacherMajor(sink.logits),
+                                  pl.newest_locals(received), config, student is not None)
+            if novelty is not None and novelty.adapt:
+                notes.append(f"{novelty.line()}; the streaming path cannot adapt yet (SHOT "
+                             "holds the features in memory): it distils the vote, "
+                             "--stream off adapts")
             targets, extra = _targets(plan, sink, config, u, skip_clr, before)
             timings["clr"] = extra.pop("clr")
             if local is not None:
