@@ -183,6 +183,8 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, outs: Outputs,
         _say_reliability(result.info["reliability"], out)
     for line in result.info.get("trust", []):
         out.say(f"source {line}")
+    if "novelty" in result.info:  # the adaptive method's choice: distil the vote or adapt
+        out.say(result.info["novelty"]["line"])
     cal = result.calibration
     out.say(cal.line())
     for note in cal.notes:
@@ -238,7 +240,8 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, outs: Outputs,
     out.summary({"command": "refine", "method": cfg.method, "variant": cfg.variant,
                  "samples": len(source), "u_t": result.info["u_t"],
                  "heterogeneous": result.info["heterogeneous"], "notes": result.info["notes"],
-                 "sources": result.info.get("sources"), "parties": opts["parties"],
+                 "sources": result.info.get("sources"), "novelty": result.info.get("novelty"),
+                 "parties": opts["parties"],
                  "reliability": result.info.get("reliability"),
                  "verdicts": result.info.get("verdicts"), "aggregate": cfg.aggregate,
                  "estimated_accuracy": result.info.get("estimated_accuracy"),

@@ -119,6 +119,8 @@ def test_refine_label_score_end_to_end(simulated, tmp_path):
     summary = json.loads(res.output)
     assert summary["method"] == "adaptive" and set(summary["accuracy"]) == {"averaged", "targets",
                                                                          "refined"}
+    assert summary["novelty"]["line"].startswith("target novelty")  # vote or adapt, and why
+    assert isinstance(summary["novelty"]["adapt"], bool)
     with h5py.File(labels) as f:
         assert f["labels"].shape == (200,) and f["probs"].shape == (200, 10)
         np.testing.assert_allclose(f["probs"][:].sum(1), 1.0, rtol=1e-5)

@@ -135,8 +135,8 @@ def test_adaptive_reports_every_source_and_a_label_free_estimate(demo):
     assert r.info["method"] == "adaptive"
     names = [s["name"] for s in r.info["sources"]]
     assert len(names) == 3 + 2 + 1  # 3 parties, θ_t, θ_{t+1}, the cluster view
-    assert names[-1] == "clusters" and len(r.info["trust"]) == len(names) + 1
-    assert r.info["trust"][-1].startswith("target novelty")  # vote or adapt, and why
+    assert names[-1] == "clusters" and len(r.info["trust"]) == len(names)
+    assert r.info["novelty"]["line"].startswith("target novelty")  # vote or adapt, and why
     est = r.info["estimated_accuracy"]
     assert 0 <= est["averaged"] <= 1 and 0 <= est["refined"] <= 1
 
@@ -156,7 +156,7 @@ def test_adaptive_adapts_the_average_when_the_target_is_new_to_the_parties(demo)
     new = _claiming(demo["received"], 0.0)
     r = refine(new, ArraySource(x, y), _cfg(trust=False))
     assert r.info["novelty"]["adapt"] and r.info["novelty"]["gap"] > 0.1
-    assert "adapted to it (SHOT)" in r.info["trust"][-1]
+    assert "adapted to it (SHOT)" in r.info["novelty"]["line"]
     avg = refine(new, ArraySource(x), _cfg(method="fedavg")).model
     shot = shot_adapt(copy.deepcopy(avg), ArraySource(x), ShotSettings(steps=15, batch_size=32),
                       seed=0)
@@ -171,7 +171,7 @@ def test_adaptive_votes_when_the_target_looks_familiar_or_nobody_says(demo, loss
     r = refine(_claiming(demo["received"], loss), ArraySource(demo["x"]), _cfg(trust=False))
     assert not r.info["novelty"]["adapt"]
     assert (r.info["novelty"]["gap"] is None) == (loss is None)
-    assert "vote is distilled" in r.info["trust"][-1]
+    assert "vote is distilled" in r.info["novelty"]["line"]
 
 
 def test_adaptive_does_not_collapse_on_dead_parties(demo):

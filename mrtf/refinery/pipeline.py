@@ -307,8 +307,7 @@ def refine(received, source, config: RefineConfig | None = None,
     if "adaptive" in extra:
         info.update(_trust_info(extra["adaptive"], probs, before))
     if "novelty" in extra:
-        info["novelty"] = asdict(extra["novelty"])
-        info.setdefault("trust", []).append(extra["novelty"].line())
+        info["novelty"] = {**asdict(extra["novelty"]), "line": extra["novelty"].line()}
     cal = calibration_of(probs, signals)
     # the label-free estimate of the labels' accuracy (mrtf.trust.calibration); the
     # consensus' own view, optimistic where the models are weak, stays under "consensus_view"
