@@ -123,6 +123,7 @@ def run_cell(setting: str, seed: int, root: Path, methods=METHODS) -> list[dict]
                    "accuracy": accuracy_of(res.probs, y),
                    "seconds": time.perf_counter() - t0,
                    "trust": res.info.get("trust"), "verdicts": res.info.get("verdicts"),
+                   "novelty": res.info.get("novelty"),
                    "named": sorted(victims & flagged), "false_flags": sorted(flagged - victims)}
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(row, indent=1))
