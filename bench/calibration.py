@@ -8,11 +8,14 @@ label-quality grid (issue 13).
 
 ``--grid`` is the folder of cached cells (``<cell>/received``, ``<cell>/target.h5``, written by
 bench/label_quality.py). ``--dump`` keeps per cell: the refined probabilities, the consensus
-targets, θ_{t+1}'s probabilities, the local models' logits and y (y only scores). ``--fit``
-fits the logistic model on all cells and reports its leave-one-scenario-out error (a scenario
-= one cell kind, its 3 seeds); ``--report`` uses the library's fixed COEF, i.e. what ``mrtf
-refine`` does, so its numbers are in-sample for the fitted constants (the LOSO column of
-``--fit`` is the honest out-of-sample figure).
+targets, θ_{t+1}'s probabilities, the local models' logits, the refined model's penultimate
+features (for bench/calibration_select.py) and y (y only scores); the target's neighbourhoods
+are computed from target.h5 on loading and cached beside. ``--fit`` fits the logistic model on
+the 24 grid cells (the T = 200 cells are held out) and reports its leave-one-scenario-out
+error (a scenario = one cell kind, its 3 seeds); ``--report`` uses the library's fixed COEF,
+i.e. what ``mrtf refine`` does, so its numbers are in-sample for the fitted constants (the
+LOSO column of ``--fit`` is the honest out-of-sample figure). ``--fallback``: the same for the
+earlier model without neighbourhoods.
 """
 
 from __future__ import annotations
@@ -24,8 +27,16 @@ from pathlib import Path
 
 import numpy as np
 
-from mrtf.trust.calibration import FEATURES, Signals, calibrate, features
+from mrtf.trust.calibration import (
+    FALLBACK_FEATURES,
+    FEATURES,
+    Signals,
+    calibrate,
+    fallback_features,
+    features,
+)
 from mrtf.trust.metrics import ece
+from mrtf.trust.neighbours import target_neighbours
 from mrtf.trust.selective import select
 
 GRID = "runs/label_quality/received"
@@ -47,12 +58,34 @@ def dump(grid: str, root: Path, seed: int = 0) -> None:
             r = refine(rs, src, RefineConfig(seed=seed, progress=False))
             lg = teacher_logits([m.build() for m in newest_locals(rs)], src).logits
             y = src.labels()
+            feats = penultimate(r.model, src)
         np.savez(out, probs=r.probs, targets=r.target_probs, averaged=r.averaged_probs, y=y,
-                 logits=lg, k=len(lg))
+                 logits=lg, k=len(lg), feats=feats)
         print(cell, float((r.probs.argmax(1) == y).mean()), flush=True)
 
 
-def load(root: Path) -> dict[str, dict]:
+def penultimate(model, src) -> np.ndarray:
+    """The refined model's input to its last linear layer on the target (M, D) float32."""
+    import torch
+    from torch import nn
+
+    last = [m for m in model.modules() if isinstance(m, nn.Linear)][-1]
+    got: list[np.ndarray] = []
+    h = last.register_forward_hook(lambda _m, i, _o: got.append(i[0].detach().float().numpy()))
+    model.eval()
+    with torch.inference_mode():
+        for s in range(0, len(src), 1000):
+            x = torch.as_tensor(src.read(s, s + 1000))
+            model(x)
+    h.remove()
+    return np.concatenate(got)
+
+
+def load(root: Path, grid: str = GRID, fallback: bool = False) -> dict[str, dict]:
+    """The dumped cells with their label-free signals; the target's neighbourhoods are
+    computed from ``grid``'s target.h5 (label-free, as refine does) and cached beside."""
+    from mrtf.io import H5Dataset
+
     cells = {}
     for f in sorted(root.glob("*.npz")):
         d = np.load(f)
@@ -60,8 +93,15 @@ def load(root: Path) -> dict[str, dict]:
         if d["logits"].size == 0:
             continue
         s = Signals.from_logits(d["logits"][:k], d["averaged"], d["targets"])
+        if not fallback:
+            cache = root / f"{f.stem}.neighbours.npy"
+            if not cache.is_file():
+                with H5Dataset(Path(grid) / f.stem / "target.h5") as src:
+                    np.save(cache, target_neighbours(src))
+            s.neighbours = np.load(cache)
         ok = d["probs"].argmax(1) == d["y"]
-        cells[f.stem] = {"X": features(d["probs"], s), "ok": ok, "probs": d["probs"],
+        phi = fallback_features if fallback else features
+        cells[f.stem] = {"X": phi(d["probs"], s), "ok": ok, "probs": d["probs"],
                          "signals": s}
     return cells
 
@@ -70,24 +110,33 @@ def scenario(cell: str) -> str:
     return cell.rsplit("-s", 1)[0]
 
 
-def fit(cells: dict[str, dict], c: float = 1.0) -> np.ndarray:
+def held_out(cell: str) -> bool:
+    """The T = 200 cells are never fitted on: they test the calibrator out of sample."""
+    return "-T200" in cell
+
+
+def fit(cells: dict[str, dict], c: float = 0.05) -> np.ndarray:
     from sklearn.linear_model import LogisticRegression
 
-    x = np.concatenate([v["X"] for v in cells.values()])
-    y = np.concatenate([v["ok"] for v in cells.values()]).astype(int)
+    x = np.concatenate([v["X"] for k, v in cells.items() if not held_out(k)])
+    y = np.concatenate([v["ok"] for k, v in cells.items() if not held_out(k)]).astype(int)
     m = LogisticRegression(C=c, max_iter=5000).fit(x, y)
     return np.concatenate([m.coef_[0], m.intercept_])
 
 
-def loso(cells: dict[str, dict], c: float = 1.0) -> dict[str, float]:
-    """Leave one scenario out: the estimate of each cell from a model fitted without its
-    scenario (all seeds)."""
+def loso(cells: dict[str, dict], c: float = 0.05) -> dict[str, float]:
+    """Leave one scenario out: the estimate of each grid cell from a model fitted without its
+    scenario (all seeds); the held-out T = 200 cells from the model fitted on all 24."""
     est = {}
-    for g in sorted({scenario(k) for k in cells}):
+    for g in sorted({scenario(k) for k in cells if not held_out(k)}):
         coef = fit({k: v for k, v in cells.items() if scenario(k) != g}, c)
         for k, v in cells.items():
             if scenario(k) == g:
                 est[k] = float(calibrate(v["probs"], v["signals"], coef).estimated_accuracy)
+    coef = fit(cells, c)
+    for k, v in cells.items():
+        if held_out(k):
+            est[k] = float(calibrate(v["probs"], v["signals"], coef).estimated_accuracy)
     return est
 
 
@@ -98,26 +147,30 @@ def main() -> None:
     ap.add_argument("--dump", action="store_true")
     ap.add_argument("--fit", action="store_true")
     ap.add_argument("--report", action="store_true")
-    ap.add_argument("--C", type=float, default=1.0, help="inverse L2 strength of the fit")
+    ap.add_argument("--C", type=float, default=0.05, help="inverse L2 strength of the fit")
+    ap.add_argument("--fallback", action="store_true",
+                    help="the fallback model (no target neighbourhoods)")
     args = ap.parse_args()
     root = Path(args.out)
     root.mkdir(parents=True, exist_ok=True)
     if args.dump:
         dump(args.grid, root)
-    cells = load(root)
+    cells = load(root, args.grid, args.fallback)
     if args.fit:
         coef = fit(cells, args.C)
         print("COEF = (" + ", ".join(f"{w:.4f}" for w in coef) + ")")
-        for name, w in zip((*FEATURES, "bias"), coef):
+        names = FALLBACK_FEATURES if args.fallback else FEATURES
+        for name, w in zip((*names, "bias"), coef):
             print(f"  {w:+.4f}  {name}")
         est = loso(cells, args.C)
         errs = []
         print("\n| cell | accuracy | LOSO estimate | error (points) |\n|---|---|---|---|")
         for k, v in cells.items():
             acc = float(v["ok"].mean())
-            errs.append(est[k] - acc)
-            print(f"| {k} | {acc:.3f} | {est[k]:.3f} | {100 * (est[k] - acc):+.1f} |")
-        print(f"\nLOSO RMS error {np.sqrt(np.mean(np.square(errs))):.3f}, "
+            errs += [] if held_out(k) else [est[k] - acc]
+            print(f"| {k}{' (held out)' if held_out(k) else ''} | {acc:.3f} | {est[k]:.3f} | "
+                  f"{100 * (est[k] - acc):+.1f} |")
+        print(f"\nLOSO RMS error (the 24 grid cells) {np.sqrt(np.mean(np.square(errs))):.3f}, "
               f"max {np.max(np.abs(errs)):.3f}")
     if args.report:
         print("| cell | accuracy | max-prob ECE | calibrated ECE | estimate (±) | error "

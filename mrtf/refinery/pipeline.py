@@ -289,7 +289,7 @@ def refine(received, source, config: RefineConfig | None = None,
         targets, extra = _targets(plan, out.logits, out.features, config, u, skip_clr, before,
                                   factors)
         timings["clr"] = extra.pop("clr")
-        signals = signals_of(out.logits[:len(plan.locals_)], before, targets)
+        signals = signals_of(out.logits[:len(plan.locals_)], before, targets, source)
         novelty = _novelty(plan, out.logits, used, config, student is not None)
         out.logits = out.features = None  # free (K, M, C) before distilling
         t0 = time.perf_counter()

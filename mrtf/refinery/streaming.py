@@ -42,7 +42,7 @@ from mrtf.refinery.distill import distill
 from mrtf.refinery.spill import Scratch, SpillArray, TeacherMajor
 from mrtf.refinery.streaming_adaptive import adaptive_targets_blocks
 from mrtf.refinery.teachers import TeacherChunks, _softmax_np
-from mrtf.refinery.trusted import calibration_of, trust_on
+from mrtf.refinery.trusted import calibration_of, trust_on, with_neighbours
 
 if TYPE_CHECKING:  # pipeline imports this module lazily; no import cycle at run time
     from mrtf.refinery.pipeline import RefineResult
@@ -136,7 +136,7 @@ def refine_streaming(received, source, config: RefineConfig,
         else:
             # the calibration's evidence from the raw logits, before adaptive's Eq. 6 pass
             # overwrites them in place (the consensus is attached once it exists)
-            local = _local_signals(sink, len(plan.locals_), before)
+            local = with_neighbours(_local_signals(sink, len(plan.locals_), before), source)
             novelty = pl._novelty(plan, TeacherMajor(sink.logits),
                                   pl.newest_locals(received), config, student is not None)
             if novelty is not None and novelty.adapt:

@@ -16,13 +16,23 @@ from mrtf.refinery.config import RefineConfig
 from mrtf.refinery.teachers import check_finite, newest_locals, teacher_logits
 
 
-def signals_of(local_logits: np.ndarray, before: np.ndarray, targets: np.ndarray):
+def signals_of(local_logits: np.ndarray, before: np.ndarray, targets: np.ndarray, source):
     """Label-free evidence for the calibrated confidence, kept before the logits are freed."""
     from mrtf.trust.calibration import Signals
 
     if len(local_logits) == 0:
         return None
-    return Signals.from_logits(local_logits, before, targets)
+    return with_neighbours(Signals.from_logits(local_logits, before, targets), source)
+
+
+def with_neighbours(signals, source):
+    """Attach the target's own neighbourhoods (mrtf.trust.neighbours: one pass over the
+    target by blocks, the data only) to ``signals``; both refine paths call this."""
+    from mrtf.trust.neighbours import target_neighbours
+
+    if signals is not None:
+        signals.neighbours = target_neighbours(source)
+    return signals
 
 
 def calibration_of(probs: np.ndarray, signals):

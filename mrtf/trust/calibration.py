@@ -6,17 +6,20 @@ consensus that is ≥ 0.95 sure makes it ≥ 0.9 sure on cross-domain targets wh
 
     conf(x) = σ(w · φ(x) + b),
 
-a logistic model of "the label of x is right" on **label-free signals** φ(x) that the
-refinery has anyway: the refined model's and the consensus' probability of the label, the
-share of the parties' models that vote for it, their average probability of it, whether the
-parties' ensemble and the parameter average θ_{t+1} name it, θ_{t+1}'s probability of it, and
-four cell-level signals (the parties' mean confidence on the target set, i.e. how familiar
-the target looks to them; how often two parties agree; how often the ensemble and θ_{t+1}
-agree with the labels). w and b (:data:`COEF`) were fitted once, with labels, on the 24
-received sets of the label-quality grid (bench/calibration.py) — as the default method was
-chosen on that grid — and are fixed: at run time nothing reads ``y``. The estimated accuracy
-of the labels is the mean calibrated confidence; its ± is the larger of the sampling error
-and the grid's leave-one-scenario-out error (:data:`GRID_ERROR`).
+a logistic model of "the label of x is right" on **label-free signals** φ(x): the refined
+model's and the parties' mean probability of the label, the share of the sample's nearest
+target samples (in the target's own input space, mrtf.trust.neighbours) that carry the same
+label — labels that are right follow the target's natural clusters, wrong ones cut across
+them — and three cell-level signals: the parties' mean confidence on the target (how familiar
+it looks to them), how often two parties agree, and how evenly the labels spread over the
+classes (confidently wrong parties pile their labels onto a few classes; this assumes a
+target whose classes are not very skewed, and reads a skewed one as doubt). w and b
+(:data:`COEF`) were fitted once, with labels, on the 24 received sets of the label-quality
+grid (bench/calibration.py) — as the default method was chosen on that grid — and are fixed:
+at run time nothing reads ``y``. The estimated accuracy of the labels is the mean calibrated
+confidence; its ± is the larger of the sampling error and the grid's leave-one-scenario-out
+error (:data:`GRID_ERROR`). Signals without neighbourhoods (a caller that builds them itself)
+get the earlier 12-signal model (:data:`FALLBACK_COEF`), said so in the notes.
 
 For ``mrtf label`` (one model, no parties) the refined model carries a temperature T (its
 bundle's ``mrtf.calibration``), chosen at refine time so that its max probability at T has the
@@ -31,19 +34,35 @@ from typing import Any
 
 import numpy as np
 
+from mrtf.trust.neighbours import label_consistency
+
 #: feature names, in the order of COEF (per sample, then per cell); logit(p) = log p/(1-p)
-FEATURES = ("logit refined p(label)", "logit consensus p(label)", "vote share of label",
-            "logit parties' mean p(label)", "ensemble names label", "logit θ_{t+1} p(label)",
-            "θ_{t+1} names label", "cell: logit parties' mean confidence",
-            "cell: pairwise party agreement", "cell: ensemble agrees with labels",
-            "cell: θ_{t+1} agrees with labels", "cell: logit refined mean confidence")
+FEATURES = ("logit refined p(label)", "logit parties' mean p(label)",
+            "share of the target neighbours with the same label",
+            "cell: logit parties' mean confidence", "cell: pairwise party agreement",
+            "cell: logit entropy of the labels' histogram / log C")
 #: fitted on the 24 received sets of the label-quality grid (adaptive, seed 0, 1,000 samples
-#: each; ``python bench/calibration.py --fit --C 0.05``, L2 C = 0.05: the C with the smallest
-#: leave-one-scenario-out error of 0.05, 1, 10); the last entry is b
-COEF: tuple[float, ...] = (0.2685, -0.0015, -0.0409, 0.2940, 0.6362, 0.1487, -0.3274, 0.4668,
-                           -1.5001, 0.8170, -1.1914, 0.6735, -3.1317)
-#: leave-one-scenario-out RMS error of the estimate on that grid (max 0.143): the honest ±
-GRID_ERROR = 0.077
+#: each; ``python bench/calibration.py --fit``, L2 C = 0.05); the 6 features were chosen by
+#: forward selection on the leave-one-scenario-out error (bench/calibration_select.py); the
+#: last entry is b
+COEF: tuple[float, ...] = (0.1701, 0.6231, 1.9406, 0.2678, -0.7064, 0.4800, -3.0252)
+#: the honest ±: leave-one-scenario-out RMS error of the estimate on that grid with the
+#: feature selection inside the loop (0.073, max 0.175). The fixed 6 features' own LOSO error
+#: (0.042, max 0.089) is optimistic: they were chosen looking at every scenario
+GRID_ERROR = 0.073
+
+#: the earlier model, kept for Signals without the target's neighbourhoods (a caller that
+#: builds Signals itself); same grid, L2 C = 0.05
+FALLBACK_FEATURES = ("logit refined p(label)", "logit consensus p(label)",
+                     "vote share of label", "logit parties' mean p(label)",
+                     "ensemble names label", "logit θ_{t+1} p(label)", "θ_{t+1} names label",
+                     "cell: logit parties' mean confidence", "cell: pairwise party agreement",
+                     "cell: ensemble agrees with labels", "cell: θ_{t+1} agrees with labels",
+                     "cell: logit refined mean confidence")
+FALLBACK_COEF: tuple[float, ...] = (0.2685, -0.0015, -0.0409, 0.2940, 0.6362, 0.1487, -0.3274,
+                                    0.4668, -1.5001, 0.8170, -1.1914, 0.6735, -3.1317)
+#: its leave-one-scenario-out RMS error on the grid (max 0.143)
+FALLBACK_GRID_ERROR = 0.077
 
 
 def _logit(p: np.ndarray | float) -> np.ndarray:
@@ -67,7 +86,9 @@ class Signals:
     softmax. ensemble (M,): argmax of mean_prob. averaged (M, C): θ_{t+1}'s softmax (or the
     student's). consensus (M, C): the distillation targets. local_confidence: the local
     models' mean max softmax on the target set. pairwise_agreement: how often two local
-    models give the same label (mean over pairs)."""
+    models give the same label (mean over pairs). neighbours (M, k): each sample's nearest
+    target samples in the target's own input space (mrtf.trust.neighbours), attached by the
+    refinery after the teachers' pass; None selects the fallback model."""
 
     votes: np.ndarray
     mean_prob: np.ndarray
@@ -75,6 +96,7 @@ class Signals:
     consensus: np.ndarray
     local_confidence: float
     pairwise_agreement: float
+    neighbours: np.ndarray | None = None
 
     @classmethod
     def from_logits(cls, local_logits: np.ndarray, averaged: np.ndarray,
@@ -112,7 +134,25 @@ class Signals:
 
 
 def features(probs: np.ndarray, s: Signals) -> np.ndarray:
-    """φ(x) (M, len(FEATURES)) for the labels argmax(probs)."""
+    """φ(x) (M, len(FEATURES)) for the labels argmax(probs); needs ``s.neighbours``."""
+    if s.neighbours is None:
+        raise ValueError("Signals.neighbours is None: use fallback_features")
+    probs = np.asarray(probs)
+    m, c = probs.shape
+    idx = np.arange(m)
+    yh = probs.argmax(1)
+    hist = np.bincount(yh, minlength=c) / m
+    # a balanced target's labels spread over all classes; labels of confidently wrong parties
+    # pile onto a few (assumes the target's classes are not very skewed: see the README)
+    spread = float(-(hist[hist > 0] * np.log(hist[hist > 0])).sum() / math.log(c))
+    per = np.stack([_logit(probs.max(1)), _logit(s.mean_prob[idx, yh]),
+                    label_consistency(yh, s.neighbours)], 1)
+    cell = np.array([_logit(s.local_confidence), s.pairwise_agreement, _logit(spread)])
+    return np.concatenate([per, np.broadcast_to(cell, (m, len(cell)))], 1)
+
+
+def fallback_features(probs: np.ndarray, s: Signals) -> np.ndarray:
+    """φ(x) (M, len(FALLBACK_FEATURES)) of the earlier model (no neighbourhoods)."""
     probs = np.asarray(probs)
     m = len(probs)
     idx = np.arange(m)
@@ -184,14 +224,23 @@ def apply_temperature(probs: np.ndarray, temperature: float) -> np.ndarray:
 
 
 def calibrate(probs: np.ndarray, signals: Signals,
-              coef: tuple[float, ...] | np.ndarray = COEF) -> Calibration:
-    """Calibrated confidence of the labels argmax(probs) from label-free ``signals``."""
-    w = np.asarray(coef, dtype=np.float64)
-    z = features(probs, signals) @ w[:-1] + w[-1]
+              coef: tuple[float, ...] | np.ndarray | None = None) -> Calibration:
+    """Calibrated confidence of the labels argmax(probs) from label-free ``signals``: the
+    model with the target's neighbourhoods when ``signals.neighbours`` is set, else the
+    fallback model (said so in the notes). ``coef`` overrides the constants (the bench's
+    leave-one-scenario-out fits)."""
+    full = signals.neighbours is not None
+    phi = features(probs, signals) if full else fallback_features(probs, signals)
+    w = np.asarray((COEF if full else FALLBACK_COEF) if coef is None else coef, np.float64)
+    z = phi @ w[:-1] + w[-1]
     conf = (1.0 / (1.0 + np.exp(-z))).astype(np.float32)
     est = float(conf.mean())
-    return Calibration(conf, est, plus_minus(est, len(conf)), temperature_for(probs, est),
-                       "grid-fitted logistic model of label-free signals")
+    err = GRID_ERROR if full else FALLBACK_GRID_ERROR
+    notes = [] if full else ["the target's neighbourhoods were not computed: the fallback "
+                             f"calibrator (grid error {FALLBACK_GRID_ERROR}) was used"]
+    return Calibration(conf, est, plus_minus(est, len(conf), err), temperature_for(probs, est),
+                       "grid-fitted logistic model of label-free signals"
+                       + ("" if full else " (fallback, no neighbourhoods)"), notes)
 
 
 def uncalibrated(probs: np.ndarray, temperature: float | None = None,

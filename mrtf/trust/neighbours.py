@@ -1,0 +1,87 @@
+"""The target data's own neighbourhoods: a label-free signal for the calibrated confidence.
+
+Labels that are right follow the target's natural clusters; labels that are 30 % right on
+MNIST cut across them. The refinery measures this per sample as the share of its k nearest
+target samples (in the target's own input space, not in any received model's features) that
+carry the same label. The neighbourhoods depend on the data only, so they are found before
+any label exists (:func:`target_neighbours`, kept in ``Signals.neighbours``) and the labels
+are compared with them at calibration time (:func:`label_consistency`).
+
+The neighbours are searched among a **reference set** of at most :data:`REFERENCE` target
+rows (all rows when there are fewer, else evenly spaced ones), in the :data:`DIMS` leading
+principal components of the reference's flattened inputs, by cosine similarity. A fixed
+reference size keeps the signal's scale the one the calibrator was fitted at (the grid's
+targets have 1,000 samples; with all M rows, neighbours grow closer as M grows), and it
+costs one pass over the target by blocks, so the streaming path computes it too.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: neighbours per sample
+K = 10
+#: at most this many target rows are searched for neighbours (the grid's target size)
+REFERENCE = 1000
+#: principal components of the flattened input the similarity is measured in
+DIMS = 50
+#: inputs with more values per sample are read at this many fixed coordinates (seeded), so
+#: the principal components stay cheap on large images
+MAX_INPUT = 4096
+#: rows compared with the reference at a time
+BLOCK = 1024
+
+
+def reference_rows(m: int, reference: int = REFERENCE) -> np.ndarray:
+    """Row indices of the reference set: all m rows, or ``reference`` evenly spaced ones
+    (spread over the file, so a target sorted by class still gives every class)."""
+    if m <= reference:
+        return np.arange(m, dtype=np.int64)
+    return np.unique(np.linspace(0, m - 1, reference).round().astype(np.int64))
+
+
+def _unit(z: np.ndarray) -> np.ndarray:
+    return z / (np.linalg.norm(z, axis=1, keepdims=True) + 1e-12)
+
+
+def target_neighbours(source, k: int = K, reference: int = REFERENCE, dims: int = DIMS,
+                      block: int = BLOCK) -> np.ndarray | None:
+    """(M, k) int64: each target row's k nearest reference rows (itself excluded), as row
+    indices of ``source`` (anything with ``len`` and ``read(start, stop)``: H5Dataset,
+    ArraySource). None when the target has fewer than 2 rows. Never reads labels."""
+    m = len(source)
+    ref = reference_rows(m, reference)
+    k = min(k, len(ref) - 1)
+    if k < 1:
+        return None
+    width = int(np.prod(source.read(0, 1).shape[1:]))
+    cols = None if width <= MAX_INPUT else \
+        np.sort(np.random.default_rng(0).choice(width, MAX_INPUT, replace=False))
+
+    def flat(x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
+        return x if cols is None else x[:, cols]
+
+    xr = flat(source.read(0, m)) if len(ref) == m else \
+        np.concatenate([flat(source.read(int(i), int(i) + 1)) for i in ref])
+    mu = xr.mean(0)
+    _, _, vt = np.linalg.svd(xr - mu, full_matrices=False)
+    basis = vt[:dims].T
+    zr = _unit((xr - mu) @ basis)
+    out = np.empty((m, k), dtype=np.int64)
+    for s in range(0, m, block):
+        z = _unit((flat(source.read(s, s + block)) - mu) @ basis)
+        sim = z @ zr.T
+        rows = np.arange(s, s + len(z))
+        pos = np.minimum(np.searchsorted(ref, rows), len(ref) - 1)
+        own = ref[pos] == rows  # a reference row is not its own neighbour
+        sim[np.nonzero(own)[0], pos[own]] = -np.inf
+        top = np.argpartition(-sim, k - 1, axis=1)[:, :k]
+        out[s:s + len(z)] = ref[top]
+    return out
+
+
+def label_consistency(labels: np.ndarray, neighbours: np.ndarray) -> np.ndarray:
+    """(M,) share of each sample's neighbours whose label equals its own."""
+    labels = np.asarray(labels)
+    return (labels[neighbours] == labels[:, None]).mean(1)
