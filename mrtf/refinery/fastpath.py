@@ -177,8 +177,9 @@ def fast_forward(models: Sequence[nn.Module], probe: torch.Tensor, precision: st
 def fast_features(model: nn.Module, probe: torch.Tensor
                   ) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None:
     """``x -> (features (B, D), logits (B, C))`` float32 of one eligible zoo model in one
-    pass on the fast copy (the micro-batches and layout of :func:`fast_forward`, so the logits
-    are the ones its group would give), or None when not eligible or the copy disagrees with
+    pass on the fast copy (the micro-batches and layout of :func:`fast_forward`; a LeNet group
+    on stacked.py gives the same logits up to summation order), or None when not eligible or
+    the copy disagrees with
     the model on ``probe``. The streaming and in-memory refinery take θ_{t+1}'s features and
     logits from it: the features cost no second forward in the plain layout (5x slower)."""
     if not eligible(model) or not hasattr(model, "forward_features"):

@@ -29,9 +29,11 @@ from torch.func import functional_call, stack_module_state, vmap
 from mrtf.device import pick_device
 from mrtf.errors import InputError
 from mrtf.refinery.fastpath import PRECISIONS, fast_features, fast_forward
+from mrtf.refinery.stacked import stacked_forward
 
 STD_MODES = ("global", "batch")
 STACK_MODES = ("auto", "fast", "vmap", "nhwc", "loop")
+STACKED_MIN = 2  # LeNet groups of at least this many take stacked.py (fp32)
 
 
 @dataclass
@@ -112,7 +114,11 @@ def _group_forwards(models: Sequence[nn.Module], mode: str, probe: torch.Tensor,
     for idx in group_by_arch(models):
         group = [models[i] for i in idx]
         fwd, kind = _looped_forward(group, nhwc), "loop"
-        fast = fast_forward(group, probe, precision) if mode == "fast" else None
+        fast = None
+        if mode == "fast" and precision == "fp32" and len(group) >= STACKED_MIN:
+            fast = stacked_forward(group, probe)  # LeNets: one GEMM for all first convs
+        if mode == "fast" and fast is None:
+            fast = fast_forward(group, probe, precision)
         if fast is not None:
             fwd, kind = fast, "fast"
         if mode == "vmap" and len(group) > 1:
