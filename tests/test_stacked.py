@@ -87,13 +87,21 @@ def test_trained_lenets_on_digits(trained):
         assert (models[0](x).argmax(-1) == y).float().mean() > 0.5  # trained-ish
 
 
-def test_teacher_logits_routes_lenet_groups(trained):
+def test_teacher_logits_routes_lenet_groups(trained, monkeypatch):
+    import mrtf.refinery.teachers as teachers
+
+    monkeypatch.setattr(teachers, "STACKED_MIN", 2)  # (16 by default: few teachers here)
     models, x, _ = trained
     src = ArraySource(x[:130].numpy())
     fast = teacher_logits(models + [build_model("mlp", 10, in_channels=1, image_size=8)],
                           src, 64, "cpu", stack="fast")
     loop = teacher_logits(models, src, 64, "cpu", stack="loop")
     assert fast.fast_groups == 2
+    calls = []
+    spy = lambda group, probe: calls.append(len(group)) or stacked_forward(group, probe)  # noqa: E731
+    monkeypatch.setattr(teachers, "stacked_forward", spy)
+    teacher_logits(models, src, 64, "cpu", stack="fast")
+    assert calls == [3]  # the LeNet group went through stacked.py
     np.testing.assert_allclose(fast.logits[:3], loop.logits, rtol=0, atol=1e-4)
     np.testing.assert_array_equal(fast.logits[:3].argmax(-1), loop.logits.argmax(-1))
 

@@ -28,9 +28,10 @@ from mrtf.refinery.fastpath import Pool2x2
 
 # Tuned at K = 50 on 512 images, 1 thread, interleaved: blocks of 10 teachers made the conv1
 # GEMM too narrow (160 columns: 0.85x of 25), 50 was 0.92x of 25; 1 or 2 images per GEMM and
-# 32 or 64 per grouped conv2 were within 5 %.
+# 32 or 64 per grouped conv2 were within 5 %. At K = 1 a GEMM per image was 2x slower than
+# fastpath.py (call overheads): the images per GEMM now fill GEMM_BUDGET.
 TEACHER_BLOCK = 25  # teachers per conv1 GEMM and grouped conv2
-ROWS_CONV1 = 1  # images per conv1 GEMM: (4·144, 25) @ (25, 400) stays in L2
+GEMM_BUDGET = 2**20  # bytes of one conv1 GEMM's output: L2-sized (1 image at 25 teachers)
 ROWS_CONV2 = 32  # images per grouped conv2 call
 
 
@@ -89,10 +90,13 @@ class _Block:
         self.fw = [torch.stack([f.weight.detach().t() for f in fs]).contiguous() for fs in lin]
         self.fb = [torch.stack([f.bias.detach()[None] for f in fs]) for fs in lin]
 
-    def forward(self, u: torch.Tensor, shape: tuple[int, int], rows1: int) -> torch.Tensor:
-        """``u`` (B, 4, P·Q, C·k·k) → logits (n, B, classes)."""
+    def forward(self, u: torch.Tensor, shape: tuple[int, int], rows1: int | None
+                ) -> torch.Tensor:
+        """``u`` (B, 4, P·Q, C·k·k) → logits (n, B, classes); ``rows1`` images per conv1
+        GEMM (None: as many as fit :data:`GEMM_BUDGET`)."""
         b, _, pq, ck = u.shape
         width = self.w1.shape[1]
+        rows1 = rows1 or max(1, GEMM_BUDGET // (4 * pq * width * 4))
         pooled = torch.empty(b, pq, width)
         for s in range(0, b, rows1):
             e = min(b, s + rows1)
@@ -112,7 +116,7 @@ class _Block:
 
 
 def stacked_forward(models: Sequence[nn.Module], probe: torch.Tensor,
-                    block: int = TEACHER_BLOCK, rows1: int = ROWS_CONV1,
+                    block: int = TEACHER_BLOCK, rows1: int | None = None,
                     rows2: int = ROWS_CONV2) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """``x (B, C, H, W) -> logits (K, B, classes)`` float32 for K same-shape zoo LeNets, or
     None when they are not eligible or the result is not within 1e-4 × the logit scale of each
