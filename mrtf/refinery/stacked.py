@@ -13,6 +13,16 @@ input a grouped conv2 (``groups`` = teachers in the block) reads without reorder
 classifier runs as three ``baddbmm`` over the block. Sums are ordered differently from the
 model's own convolutions, so logits are not bit-identical: |Δ| ≤ 1e-4 × the logit scale is
 checked on a probe before the path is used (argmax agreement is measured in the bench).
+
+Measured (``bench/refine_speed.py --compare --K 50 --threads 1 --repeats 5``, 50 random
+LeNets × 2,048 images, interleaved in one process, load 4-5 from other jobs,
+``bench/results/teacher_compare-K50.json``): 1.55 s = 5.36× the plain loop (8.30 s) and
+1.19× fastpath.py (1.84 s), 90 GFLOP/s = 42 % of the big conv's 214 in the same run; max
+|Δlogit| 8.9e-8, argmax 100 %. The issue's ≥ 8× exact is not reached. Profile (torch.profiler,
+same inputs, self time): oneDNN's grouped conv2 41 % (~100 GFLOP/s), the conv1 GEMM 32 % (MKL,
+inner dimension 25: ~72 GFLOP/s), the classifier's baddbmm 8 %, the pooling amax 5 %, the
+unfold 2.5 %. For few teachers the shared unfold and narrow GEMMs do not pay off
+(teachers.STACKED_MIN: below 16 teachers fastpath.py runs).
 """
 
 from __future__ import annotations
@@ -26,9 +36,10 @@ from torch import nn
 from mrtf.models.zoo import LeNet
 from mrtf.refinery.fastpath import Pool2x2
 
-# Tuned at K = 50 on 512 images, 1 thread, interleaved: blocks of 10 teachers made the conv1
-# GEMM too narrow (160 columns: 0.85x of 25), 50 was 0.92x of 25; 1 or 2 images per GEMM and
-# 32 or 64 per grouped conv2 were within 5 %. At K = 1 a GEMM per image was 2x slower than
+# Tuned at K = 50 on 512-1,024 images, 1 thread, interleaved, load 3-5: blocks of 10 teachers
+# made the conv1 GEMM too narrow (160 columns: whole path 0.88x of 25), 50 was within ±10 %
+# of 25 (0.92x, 1.04x); 1 or 2 images per GEMM were within 5 %; 32 images per grouped conv2
+# beat 16 (0.85x) and 64-128 (0.9-0.96x). At K = 1 a GEMM per image was 2x slower than
 # fastpath.py (call overheads): the images per GEMM now fill GEMM_BUDGET.
 TEACHER_BLOCK = 25  # teachers per conv1 GEMM and grouped conv2
 GEMM_BUDGET = 2**20  # bytes of one conv1 GEMM's output: L2-sized (1 image at 25 teachers)

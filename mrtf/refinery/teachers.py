@@ -5,7 +5,9 @@ computed exactly once, in ``torch.inference_mode``, streaming the target set in 
 Teachers of the same architecture are stacked (``torch.func.stack_module_state``) and run
 together with ``vmap`` over ``functional_call`` on CUDA; on CPU, groups of zoo LeNet / ConvNet /
 MLPNet teachers take the exact fast path of fastpath.py (cache-sized micro-batches,
-channels-last, max-pool before ReLU: ~5x the plain loop, measured there). Any other group falls
+channels-last, max-pool before ReLU: ~5x the plain loop, measured there), and groups of 16 or
+more LeNets stacked.py (all first convs as one GEMM, grouped conv2: 5.4x the loop at K = 50,
+1.19x fastpath.py; same argmax, logits within 1e-4 × their scale). Any other group falls
 back to a loop over its models. Memory is the (K, M, C) output plus one chunk: it does not
 otherwise grow with M. :class:`TeacherChunks` yields the same outputs chunk by chunk (the
 streaming refinery, streaming.py, spills them), reading the next chunk in a thread meanwhile.
@@ -94,7 +96,8 @@ def _looped_forward(models: Sequence[nn.Module], channels_last: bool = False
 
 def resolve_stack(stack: str | bool, device: torch.device) -> str:
     """'auto' → 'vmap' on CUDA (one launch per layer for K teachers), 'fast' on CPU (fastpath.py,
-    exact: 4.4-6.0x the plain loop for K = 10 and 50 LeNets, where a channels-last loop at
+    and stacked.py for ≥ 16 LeNets: 5.4x the plain loop at K = 50; fastpath.py alone
+    4.4-6.0x the plain loop for K = 10 and 50 LeNets, where a channels-last loop at
     batch 1,024 is 1.6-1.8x, bench/refine_speed.py --compare; vmap was 0.36x that loop in issue
     14's measurement). True → 'vmap', False → 'loop'."""
     if stack is True or stack is False:
@@ -111,7 +114,8 @@ def _group_forwards(models: Sequence[nn.Module], mode: str, probe: torch.Tensor,
     """Per architecture group: (indices, forward, kind) with kind 'stacked', 'fast' or 'loop'.
     With mode 'vmap' the stacked forward is tried on ``probe`` and must agree with the first
     model's own forward; mode 'fast' takes fastpath.py where it is eligible and agrees on
-    ``probe`` (else a channels-last loop); otherwise the group is looped."""
+    ``probe`` (stacked.py first for fp32 groups of ≥ STACKED_MIN LeNets; else a channels-last
+    loop); otherwise the group is looped."""
     out = []
     nhwc = mode in ("nhwc", "fast") and probe.dim() == 4
     for idx in group_by_arch(models):
