@@ -3,11 +3,12 @@
 Measured with ``bench/refine_speed.py --compare`` (interleaved, best of 3-5, 1 thread, same
 process) on this repository's 2-core AMD EPYC (Zen 5, AVX-512), random 28×28 LeNets, other
 jobs beside (load average in brackets). Against the plain loop at batch 1,024: K=10 5.6× (5.4)
-and 6.0× (1.7); K=50 5.4× (5.8), 4.4× (1.8) and 4.51× (4-5, 1.84 s against 8.30 s); the
-channels-last loop at 1,024 (the old 'auto') is 1.6-1.8×. The path reaches ~65-80 GFLOP/s,
-35-52 % of what a big 3×3 conv reached in the same run (123-215 GFLOP/s); bf16 4.9-7.3× the
-loop. For groups of ≥ 16 LeNets, stacked.py is used instead (one GEMM for all first convs,
-grouped conv2): 5.36× the loop and 1.19× this path at K=50 in the same run.
+and 6.0× (1.7); K=50 5.4× (5.8), 4.4× (1.8), 4.51× (4-5) and 5.14× (~1, 1.63 s against
+8.35 s); the channels-last loop at 1,024 (the old 'auto') is 1.4-1.8×. The path reaches
+~65-86 GFLOP/s, 35-52 % of what a big 3×3 conv reached in the same run (123-215 GFLOP/s);
+bf16 4.9-7.3× the loop. For groups of ≥ 16 LeNets, stacked.py is used instead (one GEMM for
+all first convs, grouped conv2): 5.91× and 5.36× the loop, 1.15× and 1.19× this path at K=50
+in the same runs.
 
 Where the time goes, and what this path does about it:
 

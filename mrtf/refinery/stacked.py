@@ -14,15 +14,15 @@ classifier runs as three ``baddbmm`` over the block. Sums are ordered differentl
 model's own convolutions, so logits are not bit-identical: |Δ| ≤ 1e-4 × the logit scale is
 checked on a probe before the path is used (argmax agreement is measured in the bench).
 
-Measured (``bench/refine_speed.py --compare --K 50 --threads 1 --repeats 5``, 50 random
-LeNets × 2,048 images, interleaved in one process, load 4-5 from other jobs,
-``bench/results/teacher_compare-K50.json``): 1.55 s = 5.36× the plain loop (8.30 s) and
-1.19× fastpath.py (1.84 s), 90 GFLOP/s = 42 % of the big conv's 214 in the same run; max
+Measured (``bench/refine_speed.py --compare --K 50 --threads 1 --repeats 5``, 50 random LeNets ×
+2,048 images, interleaved in one process, ``bench/results/teacher_compare-K50.json``): nearly
+idle, 1.41 s = 5.91× the plain loop (8.35 s) and 1.15× fastpath.py (1.63 s), 99 GFLOP/s = 46 %
+of the big conv's 215 in the same run; at load 4-5, 5.36× and 1.19× (90 GFLOP/s, 42 %); max
 |Δlogit| 8.9e-8, argmax 100 %. The issue's ≥ 8× exact is not reached. Profile (torch.profiler,
 same inputs, self time): oneDNN's grouped conv2 41 % (~100 GFLOP/s), the conv1 GEMM 32 % (MKL,
-inner dimension 25: ~72 GFLOP/s), the classifier's baddbmm 8 %, the pooling amax 5 %, the
-unfold 2.5 %. For few teachers the shared unfold and narrow GEMMs do not pay off
-(teachers.STACKED_MIN: below 16 teachers fastpath.py runs).
+inner dimension 25: ~72 GFLOP/s), the classifier's baddbmm 8 %, the pooling amax 5 %, the unfold
+2.5 %. For few teachers the shared unfold and narrow GEMMs do not pay off (teachers.STACKED_MIN:
+below 16 teachers fastpath.py runs).
 """
 
 from __future__ import annotations

@@ -6,14 +6,14 @@ Teachers of the same architecture are stacked (``torch.func.stack_module_state``
 together with ``vmap`` over ``functional_call`` on CUDA; on CPU, groups of zoo LeNet / ConvNet /
 MLPNet teachers take the exact fast path of fastpath.py (cache-sized micro-batches,
 channels-last, max-pool before ReLU: ~5x the plain loop, measured there), and groups of 16 or
-more LeNets stacked.py (all first convs as one GEMM, grouped conv2: 5.4x the loop at K = 50,
-1.19x fastpath.py; same argmax, logits within 1e-4 × their scale). Any other group falls
+more LeNets stacked.py (all first convs as one GEMM, grouped conv2: 5.4-5.9x the loop at K = 50,
+1.15-1.19x fastpath.py; same argmax, logits within 1e-4 × their scale). Any other group falls
 back to a loop over its models. Memory is the (K, M, C) output plus one chunk: it does not
 otherwise grow with M. :class:`TeacherChunks` yields the same outputs chunk by chunk (the
-streaming refinery, streaming.py, spills them), reading the next chunk in a thread meanwhile.
-On a loaded 2-core machine run it with 1 thread: with 2 OpenMP threads beside other jobs the
-fast path's many small parallel regions ran 5-14x slower (113-376 against 1,270-1,590
-samples/s for 12 LeNets, load 8-10).
+streaming refinery, streaming.py, spills them), reading the next chunk in a thread meanwhile. On
+a loaded 2-core machine run it with 1 thread: with 2 OpenMP threads beside other jobs the fast
+path's many small parallel regions ran 5-14x slower (113-376 against 1,270-1,590 samples/s for
+12 LeNets, load 8-10).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def _looped_forward(models: Sequence[nn.Module], channels_last: bool = False
 
 def resolve_stack(stack: str | bool, device: torch.device) -> str:
     """'auto' → 'vmap' on CUDA (one launch per layer for K teachers), 'fast' on CPU (fastpath.py,
-    and stacked.py for ≥ 16 LeNets: 5.4x the plain loop at K = 50; fastpath.py alone
+    and stacked.py for ≥ 16 LeNets: 5.4-5.9x the plain loop at K = 50; fastpath.py alone
     4.4-6.0x the plain loop for K = 10 and 50 LeNets, where a channels-last loop at
     batch 1,024 is 1.6-1.8x, bench/refine_speed.py --compare; vmap was 0.36x that loop in issue
     14's measurement). True → 'vmap', False → 'loop'."""
