@@ -135,14 +135,16 @@ def _paths(models, x):
     import torch
 
     from mrtf.refinery.fastpath import fast_forward
+    from mrtf.refinery.stacked import stacked_forward
     from mrtf.refinery.teachers import _looped_forward
 
     def chunked(fwd, rows):
         return lambda: torch.cat([fwd(x[s:s + rows]) for s in range(0, len(x), rows)], 1)
 
     return {"loop@1024": chunked(_looped_forward(models), 1024),
-            "nhwc@1024 (old auto)": chunked(_looped_forward(models, True), 1024),
-            "fast (new auto)": chunked(fast_forward(models, x[:8]), 1024),
+            "nhwc@1024 (older auto)": chunked(_looped_forward(models, True), 1024),
+            "fast per-teacher (old auto)": chunked(fast_forward(models, x[:8]), 1024),
+            "stacked (new auto)": chunked(stacked_forward(models, x[:8]), 1024),
             "fast bf16": chunked(fast_forward(models, x[:8], "bf16"), 1024)}
 
 
@@ -157,6 +159,7 @@ def compare(k: int, n: int, threads: int, repeats: int) -> dict:
     models = [build_model("lenet", 10).eval() for _ in range(k)]
     x = torch.rand(n, 1, 28, 28)
     flop = flops_per_sample(models[0], x)
+    load0 = os.getloadavg()
     paths, peak, best, out = _paths(models, x), _peak_kernels(), {}, {}
     timed = {**paths, **{k: f for k, (f, _) in peak.items()}}
     with torch.inference_mode():
@@ -176,7 +179,8 @@ def compare(k: int, n: int, threads: int, repeats: int) -> dict:
                       "max_abs_diff": float((out[name] - ref).abs().max()),
                       "argmax_agreement": float(agree)}
     return {"K": k, "N": n, "threads": threads, "repeats": repeats, "flop_per_sample": flop,
-            "peak": rates, "load": os.getloadavg(), "paths": rows}
+            "peak": rates, "load_before": load0, "load": os.getloadavg(),
+            "utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "paths": rows}
 
 
 def make_h5(path: Path, m: int) -> None:

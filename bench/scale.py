@@ -203,7 +203,10 @@ def run_e2e(root: Path, m: int, k: int, threads: int, method: str) -> dict:
            method, "--stream", "on", "--force", "--json", "--quiet"]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     load0, t0 = os.getloadavg()[0], time.perf_counter()
-    proc = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode:  # its own error, not only "exit status 1"
+        sys.stderr.write(proc.stderr[-4000:])
+        proc.check_returncode()
     wall = time.perf_counter() - t0
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     stages = {n: {"s": v} for n, v in summary["timings"].items()}

@@ -72,3 +72,17 @@ def test_interrupted_write_leaves_nothing(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         write_labels(tmp_path / "l.h5", ls, "mrtf", {}, [])
     assert list(tmp_path.iterdir()) == []
+
+
+def test_calibrated_confidence_written_by_blocks(tmp_path, monkeypatch):
+    # the (M,) calibrated confidence is cut by the same blocks as the probabilities
+    # (a refine of M > 65,536 with calibration failed on the whole array before)
+    import mrtf.io.labels as labels_io
+
+    monkeypatch.setattr(labels_io, "LABEL_BLOCK", 4)
+    rng = np.random.default_rng(0)
+    probs = rng.dirichlet(np.ones(3), 10).astype(np.float32)
+    conf = rng.random(10).astype(np.float32)
+    write_labels(tmp_path / "l.h5", LabelSet.from_probs(probs, confidence=conf), "x", {}, [])
+    with h5py.File(tmp_path / "l.h5") as f:
+        np.testing.assert_array_equal(f["confidence"][:], conf)

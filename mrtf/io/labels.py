@@ -105,8 +105,11 @@ def _write_label_columns(f: h5py.File, labels: LabelSet) -> None:
     conf = np.empty(m, dtype=np.float32)
     ent = np.empty(m, dtype=np.float32)
     for s in range(0, m, LABEL_BLOCK):
+        cal = labels.calibrated  # the block's rows of every (M,) field, not the whole array
         part = replace(labels, labels=labels.labels[s:s + LABEL_BLOCK], ids=None,
-                       probs=np.asarray(labels.probs[s:s + LABEL_BLOCK], dtype=np.float32))
+                       probs=np.asarray(labels.probs[s:s + LABEL_BLOCK], dtype=np.float32),
+                       calibrated=None if cal is None else cal[s:s + LABEL_BLOCK],
+                       abstained=None)
         conf[s:s + len(part.probs)] = part.confidence
         ent[s:s + len(part.probs)] = part.entropy
     f.create_dataset("labels", data=labels.labels.astype(np.int64, copy=False))

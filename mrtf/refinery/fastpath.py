@@ -3,9 +3,12 @@
 Measured with ``bench/refine_speed.py --compare`` (interleaved, best of 3-5, 1 thread, same
 process) on this repository's 2-core AMD EPYC (Zen 5, AVX-512), random 28×28 LeNets, other
 jobs beside (load average in brackets). Against the plain loop at batch 1,024: K=10 5.6× (5.4)
-and 6.0× (1.7); K=50 5.4× (5.8) and 4.4× (1.8); the channels-last loop at 1,024 (the old
-'auto') is 1.6-1.8×. The path reaches ~65-80 GFLOP/s, 37-52 % of what a big 3×3 conv reached
-in the same run (123-215 GFLOP/s); bf16 4.9-7.3× the loop.
+and 6.0× (1.7); K=50 5.4× (5.8), 4.4× (1.8), 4.51× (4-5) and 5.14× (~1, 1.63 s against
+8.35 s); the channels-last loop at 1,024 (the old 'auto') is 1.4-1.8×. The path reaches
+~65-86 GFLOP/s, 35-52 % of what a big 3×3 conv reached in the same run (123-215 GFLOP/s);
+bf16 4.9-7.3× the loop. For groups of ≥ 16 LeNets, stacked.py is used instead (one GEMM for
+all first convs, grouped conv2): 5.91× and 5.36× the loop, 1.15× and 1.19× this path at K=50
+in the same runs.
 
 Where the time goes, and what this path does about it:
 
@@ -28,6 +31,19 @@ was 0.36× the old 'auto' in issue 14's measurement; ``torch.jit.freeze`` gave �
 the profile) is oneDNN's conv, above all the first one (1 input channel, 5×5: a GEMM with inner
 dimension 25 reaching ~25 GFLOP/s where conv2 reaches ~90 and a big conv ~180); an im2col +
 addmm first conv sharing the unfold across the K teachers was within noise of it.
+
+Tried for the K=50 first conv (issue 14, 512-2,048 images, 1 thread, load 2-5, interleaved; what
+helped is stacked.py): one dense oneDNN conv 1 → 800 channels (all teachers' filters, NHWC) took
+0.90-1.07 s per 2,048 images at 4-16 images per call (12.4 s at 2, 3.8 s at 32) against 0.72 s
+for the 50 per-teacher convs here: slower. One MKL GEMM over a shared unfold, ``(576·b, 25) @
+(25, 800)``, ~0.56 s, and 0.68-0.73 s with the 2×2 max-pool fused as a max over four row blocks
+(load 3.5-5): kept (stacked.py). The same GEMM as a 1×1 oneDNN conv: 59 against 92 GFLOP/s. A
+per-teacher output layout (bmm to (K, rows, 16)): 1.8× slower than the wide GEMM. Teacher blocks
+of 10 (160 GEMM columns): the GEMM 0.63×, the whole path 0.88× blocks of 25. ``torch.compile``
+(inductor, gcc) of stacked.py's block for 32 images: 13 s to compile, 0.89× the eager stacked
+path (it gives up the L2-sized GEMM rows). conv2 as one grouped conv over a block of teachers
+(input already channels-last, teacher-major): ~1.25× 50 per-teacher convs; bigger conv2 batches
+(64, 128) were not faster.
 
 ``precision='bf16'`` (off by default) runs the copies in bfloat16 (AVX-512 BF16 on this CPU):
 argmax agreement with the fp32 loop 99.7 % on random LeNets (max |Δlogit| 1e-3) and 99.7 %
@@ -177,8 +193,9 @@ def fast_forward(models: Sequence[nn.Module], probe: torch.Tensor, precision: st
 def fast_features(model: nn.Module, probe: torch.Tensor
                   ) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None:
     """``x -> (features (B, D), logits (B, C))`` float32 of one eligible zoo model in one
-    pass on the fast copy (the micro-batches and layout of :func:`fast_forward`, so the logits
-    are the ones its group would give), or None when not eligible or the copy disagrees with
+    pass on the fast copy (the micro-batches and layout of :func:`fast_forward`; a LeNet group
+    on stacked.py gives the same logits up to summation order), or None when not eligible or
+    the copy disagrees with
     the model on ``probe``. The streaming and in-memory refinery take θ_{t+1}'s features and
     logits from it: the features cost no second forward in the plain layout (5x slower)."""
     if not eligible(model) or not hasattr(model, "forward_features"):

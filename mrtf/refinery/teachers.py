@@ -5,13 +5,15 @@ computed exactly once, in ``torch.inference_mode``, streaming the target set in 
 Teachers of the same architecture are stacked (``torch.func.stack_module_state``) and run
 together with ``vmap`` over ``functional_call`` on CUDA; on CPU, groups of zoo LeNet / ConvNet /
 MLPNet teachers take the exact fast path of fastpath.py (cache-sized micro-batches,
-channels-last, max-pool before ReLU: ~5x the plain loop, measured there). Any other group falls
+channels-last, max-pool before ReLU: ~5x the plain loop, measured there), and groups of 16 or
+more LeNets stacked.py (all first convs as one GEMM, grouped conv2: 5.4-5.9x the loop at K = 50,
+1.15-1.19x fastpath.py; same argmax, logits within 1e-4 × their scale). Any other group falls
 back to a loop over its models. Memory is the (K, M, C) output plus one chunk: it does not
 otherwise grow with M. :class:`TeacherChunks` yields the same outputs chunk by chunk (the
-streaming refinery, streaming.py, spills them), reading the next chunk in a thread meanwhile.
-On a loaded 2-core machine run it with 1 thread: with 2 OpenMP threads beside other jobs the
-fast path's many small parallel regions ran 5-14x slower (113-376 against 1,270-1,590
-samples/s for 12 LeNets, load 8-10).
+streaming refinery, streaming.py, spills them), reading the next chunk in a thread meanwhile. On
+a loaded 2-core machine run it with 1 thread: with 2 OpenMP threads beside other jobs the fast
+path's many small parallel regions ran 5-14x slower (113-376 against 1,270-1,590 samples/s for
+12 LeNets, load 8-10).
 """
 
 from __future__ import annotations
@@ -29,9 +31,14 @@ from torch.func import functional_call, stack_module_state, vmap
 from mrtf.device import pick_device
 from mrtf.errors import InputError
 from mrtf.refinery.fastpath import PRECISIONS, fast_features, fast_forward
+from mrtf.refinery.stacked import stacked_forward
 
 STD_MODES = ("global", "batch")
 STACK_MODES = ("auto", "fast", "vmap", "nhwc", "loop")
+# LeNet groups of at least this many take stacked.py (fp32). Its shared unfold and narrow
+# GEMMs do not pay off for few teachers: against fastpath.py (512 images, 1 thread, load ~4,
+# interleaved) K = 1: 0.45x, 2: 0.7x, 5: 0.9x, 11 and 16: 1.0x, 25: 1.13x, 50: 1.09-1.46x.
+STACKED_MIN = 16
 
 
 @dataclass
@@ -89,7 +96,8 @@ def _looped_forward(models: Sequence[nn.Module], channels_last: bool = False
 
 def resolve_stack(stack: str | bool, device: torch.device) -> str:
     """'auto' → 'vmap' on CUDA (one launch per layer for K teachers), 'fast' on CPU (fastpath.py,
-    exact: 4.4-6.0x the plain loop for K = 10 and 50 LeNets, where a channels-last loop at
+    and stacked.py for ≥ 16 LeNets: 5.4-5.9x the plain loop at K = 50; fastpath.py alone
+    4.4-6.0x the plain loop for K = 10 and 50 LeNets, where a channels-last loop at
     batch 1,024 is 1.6-1.8x, bench/refine_speed.py --compare; vmap was 0.36x that loop in issue
     14's measurement). True → 'vmap', False → 'loop'."""
     if stack is True or stack is False:
@@ -106,13 +114,18 @@ def _group_forwards(models: Sequence[nn.Module], mode: str, probe: torch.Tensor,
     """Per architecture group: (indices, forward, kind) with kind 'stacked', 'fast' or 'loop'.
     With mode 'vmap' the stacked forward is tried on ``probe`` and must agree with the first
     model's own forward; mode 'fast' takes fastpath.py where it is eligible and agrees on
-    ``probe`` (else a channels-last loop); otherwise the group is looped."""
+    ``probe`` (stacked.py first for fp32 groups of ≥ STACKED_MIN LeNets; else a channels-last
+    loop); otherwise the group is looped."""
     out = []
     nhwc = mode in ("nhwc", "fast") and probe.dim() == 4
     for idx in group_by_arch(models):
         group = [models[i] for i in idx]
         fwd, kind = _looped_forward(group, nhwc), "loop"
-        fast = fast_forward(group, probe, precision) if mode == "fast" else None
+        fast = None
+        if mode == "fast" and precision == "fp32" and len(group) >= STACKED_MIN:
+            fast = stacked_forward(group, probe)  # LeNets: one GEMM for all first convs
+        if mode == "fast" and fast is None:
+            fast = fast_forward(group, probe, precision)
         if fast is not None:
             fwd, kind = fast, "fast"
         if mode == "vmap" and len(group) > 1:

@@ -1,0 +1,161 @@
+"""All K zoo LeNet teachers in one pass on CPU: the first convolution of every teacher as one
+GEMM over a shared unfold, the second as grouped convolutions over blocks of teachers.
+
+The K teachers see the same image, so their first convolutions share one im2col: the unfold of
+a micro-batch, multiplied by all K·16 filters at once (``(rows, 25) @ (25, K·16)``, one MKL GEMM
+at ~90 GFLOP/s where oneDNN's 1-input-channel direct conv reached ~65). The unfold is laid out
+by 2×2 pooling offset, ``(4, rows, 25)``: the GEMM's four row blocks are the four corners of
+every pooling window, so the max-pool is three ``torch.maximum`` of contiguous blocks written
+straight into the pooled map, and the bias and ReLU go after it on the 4× smaller map
+(``max_i(a_i) + b == max_i(a_i + b)`` and ReLU commutes with max: rounding is monotone). The
+pooled map of a block of teachers is channels-last with teacher-major channels, which is the
+input a grouped conv2 (``groups`` = teachers in the block) reads without reorders; the
+classifier runs as three ``baddbmm`` over the block. Sums are ordered differently from the
+model's own convolutions, so logits are not bit-identical: |Δ| ≤ 1e-4 × the logit scale is
+checked on a probe before the path is used (argmax agreement is measured in the bench).
+
+Measured (``bench/refine_speed.py --compare --K 50 --threads 1 --repeats 5``, 50 random LeNets ×
+2,048 images, interleaved in one process, ``bench/results/teacher_compare-K50.json``): nearly
+idle, 1.41 s = 5.91× the plain loop (8.35 s) and 1.15× fastpath.py (1.63 s), 99 GFLOP/s = 46 %
+of the big conv's 215 in the same run; at load 4-5, 5.36× and 1.19× (90 GFLOP/s, 42 %); max
+|Δlogit| 8.9e-8, argmax 100 %. The issue's ≥ 8× exact is not reached. Profile (torch.profiler,
+same inputs, self time): oneDNN's grouped conv2 41 % (~100 GFLOP/s), the conv1 GEMM 32 % (MKL,
+inner dimension 25: ~72 GFLOP/s), the classifier's baddbmm 8 %, the pooling amax 5 %, the unfold
+2.5 %. For few teachers the shared unfold and narrow GEMMs do not pay off (teachers.STACKED_MIN:
+below 16 teachers fastpath.py runs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mrtf.models.zoo import LeNet
+from mrtf.refinery.fastpath import Pool2x2
+
+# Tuned at K = 50 on 512-1,024 images, 1 thread, interleaved, load 3-5: blocks of 10 teachers
+# made the conv1 GEMM too narrow (160 columns: whole path 0.88x of 25), 50 was within ±10 %
+# of 25 (0.92x, 1.04x); 1 or 2 images per GEMM were within 5 %; 32 images per grouped conv2
+# beat 16 (0.85x) and 64-128 (0.9-0.96x). At K = 1 a GEMM per image was 2x slower than
+# fastpath.py (call overheads): the images per GEMM now fill GEMM_BUDGET.
+TEACHER_BLOCK = 25  # teachers per conv1 GEMM and grouped conv2
+GEMM_BUDGET = 2**20  # bytes of one conv1 GEMM's output: L2-sized (1 image at 25 teachers)
+ROWS_CONV2 = 32  # images per grouped conv2 call
+
+
+def _plain(conv: nn.Module) -> bool:
+    return (isinstance(conv, nn.Conv2d) and conv.stride == (1, 1) and conv.dilation == (1, 1)
+            and conv.groups == 1 and conv.bias is not None
+            and conv.padding_mode == "zeros" and isinstance(conv.padding, tuple))
+
+
+def eligible(models: Sequence[nn.Module]) -> bool:
+    """Zoo LeNets with the zoo's exact layer sequence (conv, ReLU, 2×2 max-pool twice, flatten;
+    linear-ReLU-linear-ReLU-linear), plain convolutions, all of one shape."""
+    if not models or not all(type(m) is LeNet for m in models):
+        return False
+    kinds = ["Conv2d", "ReLU", "MaxPool2d", "Conv2d", "ReLU", "MaxPool2d", "Flatten"]
+    for m in models:
+        if [type(x).__name__ for x in m.body] != kinds or \
+                [type(x).__name__ for x in m.classifier] != ["Linear", "ReLU"] * 2 + ["Linear"]:
+            return False
+        pools = (m.body[2], m.body[5])
+        if not all(_plain(m.body[i]) for i in (0, 3)) or not all(
+                p.kernel_size in (2, (2, 2)) and p.stride in (2, (2, 2)) and
+                p.padding in (0, (0, 0)) and not p.ceil_mode and p.dilation in (1, (1, 1))
+                for p in pools):
+            return False
+    shapes = {tuple(tuple(p.shape) for p in m.parameters()) for m in models}
+    return len(shapes) == 1 and len({(m.body[0].padding, m.body[3].padding) for m in models}) == 1
+
+
+def _pooled_unfold(x: torch.Tensor, k: int) -> torch.Tensor:
+    """``x (B, C, H, W)`` (already padded) → ``(B, 4, P·Q, C·k·k)``: the conv patches of output
+    position (2p + di, 2q + dj) at ``[b, 2·di + dj, p·Q + q]``, for the P×Q pooled positions
+    (an odd last row/column is dropped, as ``MaxPool2d(2)`` drops it)."""
+    b, c, h, w = x.shape
+    p, q = (h - k + 1) // 2, (w - k + 1) // 2
+    x = x.contiguous()
+    s = x.stride()
+    view = x.as_strided((b, 2, 2, p, q, c, k, k),
+                        (s[0], s[2], s[3], 2 * s[2], 2 * s[3], s[1], s[2], s[3]))
+    return view.reshape(b, 4, p * q, c * k * k)
+
+
+class _Block:
+    """The stacked weights of ``models`` (one teacher block)."""
+
+    def __init__(self, models: Sequence[nn.Module]) -> None:
+        c1 = [m.body[0] for m in models]
+        self.w1 = torch.cat([c.weight.detach().flatten(1) for c in c1]).t().contiguous()
+        self.b1 = torch.cat([c.bias.detach() for c in c1])
+        self.w2 = torch.cat([m.body[3].weight.detach() for m in models]).contiguous(
+            memory_format=torch.channels_last)
+        self.b2 = torch.cat([m.body[3].bias.detach() for m in models])
+        self.pad2 = models[0].body[3].padding
+        self.n = len(models)
+        lin = [[m.classifier[i] for m in models] for i in (0, 2, 4)]
+        self.fw = [torch.stack([f.weight.detach().t() for f in fs]).contiguous() for fs in lin]
+        self.fb = [torch.stack([f.bias.detach()[None] for f in fs]) for fs in lin]
+
+    def forward(self, u: torch.Tensor, shape: tuple[int, int], rows1: int | None
+                ) -> torch.Tensor:
+        """``u`` (B, 4, P·Q, C·k·k) → logits (n, B, classes); ``rows1`` images per conv1
+        GEMM (None: as many as fit :data:`GEMM_BUDGET`)."""
+        b, _, pq, ck = u.shape
+        width = self.w1.shape[1]
+        rows1 = rows1 or max(1, GEMM_BUDGET // (4 * pq * width * 4))
+        pooled = torch.empty(b, pq, width)
+        for s in range(0, b, rows1):
+            e = min(b, s + rows1)
+            y = torch.mm(u[s:e].reshape(-1, ck), self.w1).view(e - s, 4, pq, width)
+            torch.amax(y, 1, out=pooled[s:e])  # 3-5 % faster than three torch.maximum
+        pooled.add_(self.b1).clamp_min_(0)
+        h = pooled.view(b, *shape, width).permute(0, 3, 1, 2)  # channels-last, no copy
+        h = F.conv2d(h, self.w2, self.b2, padding=self.pad2, groups=self.n)
+        h = Pool2x2()(h).clamp_min_(0)  # max-pool before ReLU: exact, 4× fewer elements
+        _, _, p2, q2 = h.shape
+        # teacher-major (n, B, 16·p2·q2) in the model's own (c, h, w) flatten order
+        z = h.permute(0, 2, 3, 1).reshape(b, p2, q2, self.n, -1).permute(3, 0, 4, 1, 2)
+        z = z.reshape(self.n, b, -1)
+        z = torch.baddbmm(self.fb[0], z, self.fw[0]).clamp_min_(0)
+        z = torch.baddbmm(self.fb[1], z, self.fw[1]).clamp_min_(0)
+        return torch.baddbmm(self.fb[2], z, self.fw[2])
+
+
+def stacked_forward(models: Sequence[nn.Module], probe: torch.Tensor,
+                    block: int = TEACHER_BLOCK, rows1: int | None = None,
+                    rows2: int = ROWS_CONV2) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """``x (B, C, H, W) -> logits (K, B, classes)`` float32 for K same-shape zoo LeNets, or
+    None when they are not eligible or the result is not within 1e-4 × the logit scale of each
+    model's own forward on ``probe``."""
+    if probe.dim() != 4 or not eligible(models):
+        return None
+    blocks = [_Block(models[i:i + block]) for i in range(0, len(models), block)]
+    conv1 = models[0].body[0]
+    k, pad = conv1.kernel_size[0], conv1.padding
+    if conv1.kernel_size[0] != conv1.kernel_size[1]:
+        return None
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        x = x.float()
+        if pad != (0, 0):
+            x = F.pad(x, (pad[1], pad[1], pad[0], pad[0]))
+        shape = ((x.shape[2] - k + 1) // 2, (x.shape[3] - k + 1) // 2)
+        out = []
+        for s in range(0, len(x), rows2):
+            u = _pooled_unfold(x[s:s + rows2], k)
+            out.append(torch.cat([blk.forward(u, shape, rows1) for blk in blocks]))
+        return torch.cat(out, 1) if len(out) > 1 else out[0]
+
+    with torch.inference_mode():
+        got = run(probe)
+        for i, m in enumerate(models):
+            want = m(probe)
+            scale = float(want.abs().max()) + 1.0
+            if not torch.allclose(got[i], want, rtol=1e-4, atol=1e-4 * scale):
+                return None
+    return run
