@@ -220,7 +220,16 @@ def run_e2e(root: Path, m: int, k: int, threads: int, method: str) -> dict:
             "wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,  # the load-free figure
             "peak_rss_mb": rss, "load_before": load0,
             "load_after": os.getloadavg()[0], "stages": stages,
-            "outputs_mb": m * 10 * (3 * 4 + 2 * 8) / 2**20}
+            "outputs_mb": whole_length_mb(m, 10)}
+
+
+def whole_length_mb(m: int, c: int, k_neighbours: int = 10) -> float:
+    """MB of the arrays the refinery holds whole by design (O(M) each, never O(M·K) or
+    O(M·D)): its three (M, C) float32 results (probs, targets, θ_{t+1}'s probs), two (M, C)
+    float64 (the adaptive consensus' posterior and EM start), the calibration's two (M, C)
+    float32 signals (the parties' vote shares and mean probability), its (M, k) int32
+    target neighbours and its (M,) float32 confidence (and labels, int64)."""
+    return m * (c * (3 * 4 + 2 * 8 + 2 * 4) + k_neighbours * 4 + 4 + 8) / 2**20
 
 
 def plot_e2e(rows: list[dict], out: Path) -> None:

@@ -46,7 +46,7 @@ def _unit(z: np.ndarray) -> np.ndarray:
 
 def target_neighbours(source, k: int = K, reference: int = REFERENCE, dims: int = DIMS,
                       block: int = BLOCK) -> np.ndarray | None:
-    """(M, k) int64: each target row's k nearest reference rows (itself excluded), as row
+    """(M, k) int32: each target row's k nearest reference rows (itself excluded), as row
     indices of ``source`` (anything with ``len`` and ``read(start, stop)``: H5Dataset,
     ArraySource). None when the target has fewer than 2 rows. Never reads labels."""
     m = len(source)
@@ -68,7 +68,7 @@ def target_neighbours(source, k: int = K, reference: int = REFERENCE, dims: int 
     _, _, vt = np.linalg.svd(xr - mu, full_matrices=False)
     basis = vt[:dims].T
     zr = _unit((xr - mu) @ basis)
-    out = np.empty((m, k), dtype=np.int64)
+    out = np.empty((m, k), dtype=np.int32)  # half of int64 at 1M rows: 40 MB for k = 10
     for s in range(0, m, block):
         z = _unit((flat(source.read(s, s + block)) - mu) @ basis)
         sim = z @ zr.T
@@ -81,7 +81,12 @@ def target_neighbours(source, k: int = K, reference: int = REFERENCE, dims: int 
     return out
 
 
-def label_consistency(labels: np.ndarray, neighbours: np.ndarray) -> np.ndarray:
-    """(M,) share of each sample's neighbours whose label equals its own."""
+def label_consistency(labels: np.ndarray, neighbours: np.ndarray, block: int = 65536
+                      ) -> np.ndarray:
+    """(M,) share of each sample's neighbours whose label equals its own; by blocks of rows,
+    so no (M, k) temporary is made."""
     labels = np.asarray(labels)
-    return (labels[neighbours] == labels[:, None]).mean(1)
+    out = np.empty(len(neighbours), dtype=np.float64)
+    for s in range(0, len(neighbours), block):
+        out[s:s + block] = (labels[neighbours[s:s + block]] == labels[s:s + block, None]).mean(1)
+    return out
