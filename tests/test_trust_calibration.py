@@ -144,3 +144,22 @@ def test_signals_read_by_blocks_equal_the_whole_array():
     np.testing.assert_allclose(blocks.mean_prob, whole.mean_prob, rtol=1e-6)
     assert blocks.local_confidence == pytest.approx(whole.local_confidence, rel=1e-12)
     assert blocks.pairwise_agreement == pytest.approx(whole.pairwise_agreement, rel=1e-12)
+
+
+def test_blockwise_calibration_equals_the_whole_matrix():
+    """calibrate's block-wise logits and temperature equal the whole-array computation."""
+    import numpy as np
+
+    from mrtf.trust import calibration as cal
+
+    rng = np.random.default_rng(0)
+    m = 1001
+    p = rng.dirichlet(np.full(10, 0.3), size=m).astype(np.float32)
+    s = cal.Signals(votes=p, mean_prob=p, averaged=p, consensus=p, local_confidence=0.8,
+                    pairwise_agreement=0.5)
+    s.neighbours = rng.integers(0, m, size=(m, 10)).astype(np.int32)
+    w = np.asarray(cal.COEF)
+    np.testing.assert_allclose(cal._logits_full(p, s, w, block=97),
+                               cal.features(p, s) @ w[:-1] + w[-1], rtol=0, atol=1e-12)
+    assert cal.temperature_for(p, 0.7, block=97) == \
+        pytest.approx(cal.temperature_for(p, 0.7, block=m), rel=1e-9)
