@@ -141,17 +141,21 @@ def features(probs: np.ndarray, s: Signals) -> np.ndarray:
     if s.neighbours is None:
         raise ValueError("Signals.neighbours is None: use fallback_features")
     probs = np.asarray(probs)
-    m, c = probs.shape
-    idx = np.arange(m)
+    m = len(probs)
     yh = probs.argmax(1)
-    hist = np.bincount(yh, minlength=c) / m
+    per = np.stack([_logit(probs.max(1)), _logit(s.mean_prob[np.arange(m), yh]),
+                    label_consistency(yh, s.neighbours)], 1)
+    cell = _cell(yh, probs.shape[1], s)
+    return np.concatenate([per, np.broadcast_to(cell, (m, len(cell)))], 1)
+
+
+def _cell(labels: np.ndarray, c: int, s: Signals) -> np.ndarray:
+    """The per-cell features of FEATURES (the last three)."""
+    hist = np.bincount(labels, minlength=c) / max(1, len(labels))
     # a balanced target's labels spread over all classes; labels of confidently wrong parties
     # pile onto a few (assumes the target's classes are not very skewed: see the README)
     spread = float(-(hist[hist > 0] * np.log(hist[hist > 0])).sum() / math.log(c))
-    per = np.stack([_logit(probs.max(1)), _logit(s.mean_prob[idx, yh]),
-                    label_consistency(yh, s.neighbours)], 1)
-    cell = np.array([_logit(s.local_confidence), s.pairwise_agreement, _logit(spread)])
-    return np.concatenate([per, np.broadcast_to(cell, (m, len(cell)))], 1)
+    return np.array([_logit(s.local_confidence), s.pairwise_agreement, _logit(spread)])
 
 
 def _logits_full(probs: np.ndarray, s: Signals, w: np.ndarray, block: int = 65536
@@ -159,12 +163,9 @@ def _logits_full(probs: np.ndarray, s: Signals, w: np.ndarray, block: int = 6553
     """features(probs, s) @ w[:-1] + w[-1], by blocks of rows: the (M, 6) float64 matrix is
     never made (1M rows: ~100 MB of temporaries less)."""
     probs = np.asarray(probs)
-    m, c = probs.shape
-    hist = np.bincount(probs.argmax(1), minlength=c) / m
-    spread = float(-(hist[hist > 0] * np.log(hist[hist > 0])).sum() / math.log(c))
-    cell = np.array([_logit(s.local_confidence), s.pairwise_agreement, _logit(spread)])
-    bias = float(cell @ w[3:6] + w[-1])
+    m = len(probs)
     labels = probs.argmax(1)
+    bias = float(_cell(labels, probs.shape[1], s) @ w[3:6] + w[-1])
     out = np.empty(m)
     for a in range(0, m, block):
         p, yh = probs[a:a + block], labels[a:a + block]
