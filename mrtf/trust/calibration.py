@@ -142,11 +142,19 @@ def features(probs: np.ndarray, s: Signals) -> np.ndarray:
         raise ValueError("Signals.neighbours is None: use fallback_features")
     probs = np.asarray(probs)
     m = len(probs)
-    yh = probs.argmax(1)
-    per = np.stack([_logit(probs.max(1)), _logit(s.mean_prob[np.arange(m), yh]),
-                    label_consistency(yh, s.neighbours)], 1)
-    cell = _cell(yh, probs.shape[1], s)
+    labels = probs.argmax(1)
+    per = _per_sample(probs, labels, s, 0, m)
+    cell = _cell(labels, probs.shape[1], s)
     return np.concatenate([per, np.broadcast_to(cell, (m, len(cell)))], 1)
+
+
+def _per_sample(probs: np.ndarray, labels: np.ndarray, s: Signals, a: int, b: int
+                ) -> np.ndarray:
+    """The per-sample features of FEATURES (the first three) for rows a..b; ``labels`` are
+    all M labels (the neighbours index into them)."""
+    yh = labels[a:b]
+    return np.stack([_logit(probs[a:b].max(1)), _logit(s.mean_prob[np.arange(a, b), yh]),
+                     label_consistency(labels, s.neighbours[a:b], own=yh)], 1)
 
 
 def _cell(labels: np.ndarray, c: int, s: Signals) -> np.ndarray:
@@ -168,11 +176,8 @@ def _logits_full(probs: np.ndarray, s: Signals, w: np.ndarray, block: int = 6553
     bias = float(_cell(labels, probs.shape[1], s) @ w[3:6] + w[-1])
     out = np.empty(m)
     for a in range(0, m, block):
-        p, yh = probs[a:a + block], labels[a:a + block]
-        same = (labels[s.neighbours[a:a + block]] == yh[:, None]).mean(1)  # label_consistency
-        per = np.stack([_logit(p.max(1)), _logit(s.mean_prob[a + np.arange(len(p)), yh]),
-                        same], 1)
-        out[a:a + block] = per @ w[:3] + bias
+        b = min(m, a + block)
+        out[a:b] = _per_sample(probs, labels, s, a, b) @ w[:3] + bias
     return out
 
 

@@ -81,12 +81,14 @@ def target_neighbours(source, k: int = K, reference: int = REFERENCE, dims: int 
     return out
 
 
-def label_consistency(labels: np.ndarray, neighbours: np.ndarray, block: int = 65536
-                      ) -> np.ndarray:
-    """(M,) share of each sample's neighbours whose label equals its own; by blocks of rows,
-    so no (M, k) temporary is made."""
+def label_consistency(labels: np.ndarray, neighbours: np.ndarray,
+                      own: np.ndarray | None = None, block: int = 65536) -> np.ndarray:
+    """(n,) share of each row's neighbours whose label equals its own; by blocks of rows, so
+    no (n, k) temporary is made. ``labels`` are all M labels (the neighbours index into
+    them); ``own`` the rows' own labels (default: labels[:n], i.e. neighbours of every row)."""
     labels = np.asarray(labels)
+    own = labels[:len(neighbours)] if own is None else np.asarray(own)
     out = np.empty(len(neighbours), dtype=np.float64)
     for s in range(0, len(neighbours), block):
-        out[s:s + block] = (labels[neighbours[s:s + block]] == labels[s:s + block, None]).mean(1)
+        out[s:s + block] = (labels[neighbours[s:s + block]] == own[s:s + block, None]).mean(1)
     return out
