@@ -1,15 +1,43 @@
-"""Device choice: CUDA when present, else CPU."""
+"""Device choice: CUDA when present, else CPU; on CUDA, the same labels for the same seed."""
 
 from __future__ import annotations
+
+import os
 
 import torch
 
 
-def pick_device(device: str | None = None) -> torch.device:
-    """Return ``torch.device(device)``, or CUDA when available and ``device`` is None/"auto"."""
+def pick_device(device: str | torch.device | None = None) -> torch.device:
+    """Return ``torch.device(device)``, or CUDA when available and ``device`` is None/"auto".
+
+    Choosing CUDA also makes it reproducible (:func:`reproducible_cuda`)."""
     if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        reproducible_cuda()
+    return dev
+
+
+def reproducible_cuda() -> None:
+    """Deterministic CUDA kernels and true fp32: mrtf promises identical labels for the same
+    seed, and labels that match the CPU's up to fp32 rounding.
+
+    Measured on an H100 (issue 14, ``bench/gpu_check.sh tests``): with PyTorch's defaults, two
+    refines with one seed gave probabilities that differed by up to 8e-7 (59-71 % of the
+    entries), SHOT and FedFTG/FedKF weights differed between runs, and cuDNN's TF32
+    convolutions moved teacher logits by up to 1e-4 × their scale (argmax agreement with the
+    CPU 99.98 %) for 1.07-1.10× the speed (``bench/gpu_teachers.py``). So: cuDNN and cuBLAS in
+    deterministic mode (cuBLAS reads ``CUBLAS_WORKSPACE_CONFIG`` when it creates its handle:
+    set here before the first product unless the user set it), no TF32, and PyTorch's
+    deterministic algorithms (``warn_only``: an op without a deterministic CUDA kernel warns
+    instead of failing the run). These are process-wide PyTorch settings."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 def seed_everything(seed: int) -> torch.Generator:

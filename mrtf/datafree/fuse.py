@@ -25,7 +25,7 @@ from mrtf.progress import bar as progress_bar
 
 @dataclass
 class FusionResult:
-    """A fused model (eval mode) and how it was made."""
+    """A fused model (eval mode, on the CPU, like the received models) and how it was made."""
 
     model: nn.Module
     method: str
@@ -145,6 +145,7 @@ def fuse(received, config: FusionConfig | None = None, student: nn.Module | None
     model, history, generator, last, notes = run(models, cfg, student, dev)
     warnings = notes + (collapse_warning(last, cfg.collapse_tol, method)
                         if last is not None else [])
-    return FusionResult(model=model.eval(), method=method, reason=reason, history=history,
-                        generator=generator, warnings=warnings,
+    return FusionResult(model=model.eval().cpu(), method=method, reason=reason,
+                        history=history, generator=None if generator is None else generator.cpu(),
+                        warnings=warnings,
                         seconds=time.perf_counter() - t0)

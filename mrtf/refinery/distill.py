@@ -85,7 +85,7 @@ def distill(student: nn.Module, source, targets: np.ndarray, steps: int = 500,
     lr : None → the variant's default (paper 3e-4, reference 1e-3).
     Deterministic given ``seed``. Raises FusionError when the loss is NaN or infinite.
     """
-    dev = pick_device(device) if not isinstance(device, torch.device) else device
+    dev = pick_device(device)
     cfg = DistillSettings.for_variant(variant, lr)
     student = student.to(dev).train()
     opt = torch.optim.Adam(student.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)

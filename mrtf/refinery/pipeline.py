@@ -47,9 +47,10 @@ __all__ = ["METHODS", "METHOD_SPECS", "VARIANTS", "RefineConfig", "RefineResult"
 
 @dataclass
 class RefineResult:
-    """model: refined module (eval mode). probs (M, C): its softmax on the target (the labels).
-    target_probs (M, C): distillation targets (fedavg: θ_{t+1}'s probs; adaptive: the consensus,
-    kept for the record when θ_{t+1} was adapted to the target instead, novelty.py).
+    """model: refined module (eval mode, on the CPU). probs (M, C): its softmax on the target
+    (the labels). target_probs (M, C): distillation targets (fedavg: θ_{t+1}'s probs; adaptive:
+    the consensus, kept for the record when θ_{t+1} was adapted to the target instead,
+    novelty.py).
     averaged_probs (M, C): θ_{t+1} (or the student) before refinement. info: method, variant,
     u_t, teachers, heterogeneous, notes, config (adaptive: also sources, trust, novelty).
     timings: seconds per stage."""
@@ -320,7 +321,7 @@ def refine(received, source, config: RefineConfig | None = None,
         info["reliability"] = [p.to_dict() for p in trusted.report.parties]
         info["verdicts"] = [p.line() for p in trusted.report.parties]
         info["aggregate"] = config.aggregate
-    return RefineResult(model.eval(), probs, targets, before, info, timings, cal)
+    return RefineResult(model.eval().cpu(), probs, targets, before, info, timings, cal)
 
 
 def _novelty(plan: _Plan, logits: np.ndarray, used, config: RefineConfig,

@@ -152,12 +152,14 @@ def shot_adapt(model: nn.Module, source, settings: ShotSettings | None = None, s
     on L_ent - div_weight·H(p̄) + beta·CE (SHOT Eq. 2-3 and Sect. 3.3), pseudo-labels from
     :func:`shot_pseudo_labels` on the head's input features, refreshed every
     ``refresh_every`` steps over the whole source. The head's ``requires_grad`` is restored.
-    Deterministic given ``seed``. Returned in eval mode; FusionError on a non-finite loss.
+    Deterministic given ``seed``. Returned in eval mode on the device it came on; FusionError on
+    a non-finite loss.
     """
     cfg = settings or ShotSettings()
     cfg.validate()
-    dev = pick_device(device) if not isinstance(device, torch.device) else device
+    dev = pick_device(device)
     head = _last_linear(model)
+    home = next(model.parameters()).device  # the caller's model goes back where it was
     model = model.to(dev)
     saved = [(p, p.requires_grad) for p in head.parameters()]
     for p, _ in saved:
@@ -167,7 +169,7 @@ def shot_adapt(model: nn.Module, source, settings: ShotSettings | None = None, s
     finally:
         for p, flag in saved:
             p.requires_grad_(flag)
-    return model.eval()
+    return model.to(home).eval()
 
 
 def _train(model: nn.Module, head: nn.Linear, source, cfg: ShotSettings, seed: int,

@@ -171,7 +171,7 @@ def refine_streaming(received, source, config: RefineConfig,
                                   calibration_of(before, local).estimated_accuracy,
                                   "consensus_view": info.get("estimated_accuracy")}
     info["calibration"] = cal.attrs()
-    return pl.RefineResult(model.eval(), probs, targets, before, info, timings, cal)
+    return pl.RefineResult(model.eval().cpu(), probs, targets, before, info, timings, cal)
 
 
 def _local_signals(sink: _Pass, k: int, before: np.ndarray):

@@ -2,8 +2,8 @@
 
 Teacher inference dominates the cost, so every teacher's logits on the whole target set are
 computed exactly once, in ``torch.inference_mode``, streaming the target set in large chunks.
-Teachers of the same architecture are stacked (``torch.func.stack_module_state``) and run
-together with ``vmap`` over ``functional_call`` on CUDA; on CPU, groups of zoo LeNet / ConvNet /
+On CUDA each teacher runs in turn on big chunks (a stacked ``vmap`` pass is an option: it was
+slower on an H100, :func:`resolve_stack`); on CPU, groups of zoo LeNet / ConvNet /
 MLPNet teachers take the exact fast path of fastpath.py (cache-sized micro-batches,
 channels-last, max-pool before ReLU: ~5x the plain loop, measured there), and groups of 16 or
 more LeNets stacked.py (all first convs as one GEMM, grouped conv2: 5.4-5.9x the loop at K = 50,
@@ -95,17 +95,23 @@ def _looped_forward(models: Sequence[nn.Module], channels_last: bool = False
 
 
 def resolve_stack(stack: str | bool, device: torch.device) -> str:
-    """'auto' → 'vmap' on CUDA (one launch per layer for K teachers), 'fast' on CPU (fastpath.py,
+    """'auto' → 'loop' on CUDA, 'fast' on CPU (fastpath.py,
     and stacked.py for ≥ 16 LeNets: 5.4-5.9x the plain loop at K = 50; fastpath.py alone
     4.4-6.0x the plain loop for K = 10 and 50 LeNets, where a channels-last loop at
     batch 1,024 is 1.6-1.8x, bench/refine_speed.py --compare; vmap was 0.36x that loop in issue
-    14's measurement). True → 'vmap', False → 'loop'."""
+    14's measurement). On an H100 the loop over models at 8,192 images per forward beat the
+    stacked vmap pass (K = 50 LeNets: 730 against 804 ms for 65,536 images, 4.5M model-samples/s,
+    bench/gpu_teachers.py), and each teacher's logits then do not depend on which others run
+    beside it (the refine and streaming paths group the teachers differently). True → 'vmap',
+    False → 'loop'."""
     if stack is True or stack is False:
         return "vmap" if stack else "loop"
     if stack not in STACK_MODES:
         raise ValueError(f"stack must be one of {STACK_MODES}, got {stack!r}")
-    if stack == "auto":
-        return "vmap" if device.type == "cuda" else "fast"
+    if stack == "auto" or (stack == "fast" and device.type == "cuda"):
+        # fastpath.py and stacked.py are CPU kernels (stacked.py's pooling buffers are CPU
+        # tensors: it failed on CUDA in bench/gpu_teachers.py)
+        return "loop" if device.type == "cuda" else "fast"
     return stack
 
 
@@ -193,7 +199,7 @@ class TeacherChunks:
                  progress: bool = False, precision: str = "fp32") -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-        self.dev = pick_device(device) if not isinstance(device, torch.device) else device
+        self.dev = pick_device(device)
         self.mode = resolve_stack(stack, self.dev)
         self.models = [m.to(self.dev).eval() for m in models]
         self.source, self.batch_size, self.precision = source, batch_size, precision
@@ -208,10 +214,11 @@ class TeacherChunks:
         bar = tqdm(total=len(self.source), desc=f"teachers ×{len(self.models)}",
                    unit="sample", leave=False, disable=not self.progress)
         with bar:
-            for start, chunk in prefetched(self.source.chunks(self.batch_size)):
+            for start, chunk in prefetched(_host_chunks(self.source, self.batch_size,
+                                                         self.dev)):
                 bar.update(len(chunk))
                 with torch.inference_mode():
-                    x = torch.from_numpy(np.ascontiguousarray(chunk)).to(self.dev)
+                    x = chunk.to(self.dev, non_blocking=True)
                     if forwards is None:
                         forwards, fused = self._forwards(x[:8])
                     parts: dict[int, np.ndarray] = {}
@@ -247,6 +254,15 @@ class TeacherChunks:
                                     self.precision)]
         self.kinds = [k for _, _, k in forwards]
         return forwards, fused
+
+
+def _host_chunks(source, batch_size: int, dev: torch.device):
+    """``(start, tensor)`` chunks of ``source`` on the host. For CUDA they are copied into
+    page-locked memory here, in the reader thread of :func:`prefetched`, so the host-to-device
+    copy can run asynchronously (``non_blocking``) instead of through a staging buffer."""
+    for start, chunk in source.chunks(batch_size):
+        x = torch.from_numpy(np.ascontiguousarray(chunk))
+        yield start, (x.pin_memory() if dev.type == "cuda" else x)
 
 
 def prefetched(chunks, depth: int = 2):

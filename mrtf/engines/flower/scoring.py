@@ -18,11 +18,13 @@ COLUMNS = ("averaged", "ensemble", "refined", "aca", "oca")
 @torch.inference_mode()
 def model_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                    batch_size: int = 1024) -> float:
-    """Per-sample accuracy, in the in-process engine's batches (same floats, same argmax)."""
+    """Per-sample accuracy, in the in-process engine's batches (same floats, same argmax), on
+    the device the model is on (the server builds models on CUDA when present)."""
     model = model.eval()
+    dev = next(model.parameters()).device
     right = 0
     for start in range(0, len(x), batch_size):
-        pred = model(x[start:start + batch_size]).argmax(1)
+        pred = model(x[start:start + batch_size].to(dev)).argmax(1).cpu()
         right += int((pred == y[start:start + batch_size]).sum())
     return right / max(1, len(x))
 
