@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks of issue 14, on a CUDA machine with PyTorch but no package registry:
 # wheels for what its image lacks (faiss-cpu, mlxtend, flwr and its dependencies) travel in
-# .whl/ (see the note in README "GPU"). Stages: env, tests, teachers, scale (default: all).
+# .whl/, made here by bench/gpu_wheels.sh. Stages: env, tests, teachers, scale (default all).
 # Everything it writes goes under $OUT (default runs/gpu).
 set -uo pipefail
 OUT=${OUT:-runs/gpu}

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Download into .whl/ the wheels that bench/gpu_check.sh installs on a CUDA machine with no
+# package registry (the image there has torch, numpy, scikit-learn, h5py, click, ... but not
+# these): faiss-cpu, mlxtend, flwr and the flwr dependencies that image lacked on 2026-11-23.
+# Versions are this venv's. Run here, in the repository root, with the project's venv active;
+# keep .whl/ out of git (.git/info/exclude) and name it in the device tool's `carry`.
+set -euo pipefail
+pkgs="faiss-cpu mlxtend flwr alembic annotated-types cffi cryptography fastapi
+grpcio-health-checking iterators mako prompt-toolkit pycparser pycryptodome pydantic
+pydantic-core sqlalchemy greenlet starlette tomli tomli-w typing-inspection tzdata uv uvicorn
+wcwidth"
+specs=()
+for p in $pkgs; do
+  specs+=("$p==$(python -m pip show "$p" | sed -n 's/^Version: //p')")
+done
+plat=()
+for n in 2_17 2_24 2_27 2_28 2_34; do plat+=(--platform "manylinux_${n}_x86_64"); done
+python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+  --implementation cp "${plat[@]}" --platform manylinux2014_x86_64 -d .whl "${specs[@]}"
+du -sh .whl
