@@ -3,7 +3,13 @@ constants were never chosen or fitted on, simulated like bench/label_quality.py'
 like ``bench/calibration.py --dump`` (plus the same cell refined with seed 1 and down the other
 branch, for bench/calibration_estimate.py), so they test it out of sample.
 
-    OMP_NUM_THREADS=1 python bench/calibration_fresh.py --out runs/fresh [--cells A,B] [--seeds 0,1]
+    cd bench
+    OMP_NUM_THREADS=1 python calibration_fresh.py --out ../runs/fresh          # simulate (~8 min)
+    OMP_NUM_THREADS=1 python calibration_fresh.py --out ../runs/fresh --dump   # refine (~10 min)
+    # the same seed-1 and other-branch refinements of the grid (runs/seed1, runs/other):
+    OMP_NUM_THREADS=1 python calibration_fresh.py --out ../runs --variants GRID
+    python calibration_estimate.py --out CALIB_V2 --grid GRID --seed1 ../runs/seed1 \
+        --fresh ../runs/fresh [--extend]
 """
 
 from __future__ import annotations
@@ -70,9 +76,14 @@ def main() -> None:
     ap.add_argument("--out", default="runs/fresh")
     ap.add_argument("--cells", default=",".join(FRESH))
     ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--variants", default=None, metavar="GRID",
+                    help="only refine GRID's cells with seed 1 and down the other branch")
     ap.add_argument("--dump", action="store_true",
                     help="refine the simulated cells: calib/, seed1/, other/")
     args = ap.parse_args()
+    if args.variants:
+        variants(Path(args.variants), Path(args.out))
+        return
     if args.dump:
         root = Path(args.out)
         (root / "calib").mkdir(parents=True, exist_ok=True)
