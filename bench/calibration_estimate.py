@@ -290,8 +290,12 @@ def main() -> None:
     names = sorted(next(iter(cells.values()))["F"])
     if args.table:
         header(cells)
-        for title, feats in {"today (6)": BASE}.items():
-            report(cells, title + " LOSO", *fixed(cells, feats))
+        for title, feats in PREREGISTERED.items():  # fixed sets: in-selection for all but today
+            report(cells, title + ", LOSO", *fixed(cells, feats))
+        fam = family()
+        report(cells, f"nested: choice among {len(fam)}", nested_family(cells, fam, verbose=False))
+        report(cells, "nested: pixel or feature neighbours",
+               nested_family(cells, {k: fam[k] for k in ("pix", "feat")}, verbose=False))
     if args.nested:
         pool = args.pool or names
         est = nested(cells, pool)
