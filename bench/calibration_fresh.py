@@ -1,0 +1,103 @@
+"""Fresh label-quality cells for issue 13's estimate: scenarios the calibrator's features and
+constants were never chosen or fitted on, simulated like bench/label_quality.py's and dumped
+like ``bench/calibration.py --dump`` (plus the same cell refined with seed 1 and down the other
+branch, for bench/calibration_estimate.py), so they test it out of sample.
+
+    cd bench
+    OMP_NUM_THREADS=1 python calibration_fresh.py --out ../runs/fresh          # simulate (~8 min)
+    OMP_NUM_THREADS=1 python calibration_fresh.py --out ../runs/fresh --dump   # refine (~10 min)
+    # the same seed-1 and other-branch refinements of the grid (runs/seed1, runs/other):
+    OMP_NUM_THREADS=1 python calibration_fresh.py --out ../runs --variants GRID
+    python calibration_estimate.py --out CALIB_V2 --grid GRID --seed1 ../runs/seed1 \
+        --fresh ../runs/fresh [--extend]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import label_quality as lq
+import numpy as np
+from calibration import dump, penultimate
+
+from mrtf.federated.runner import RunConfig
+
+FRESH: dict[str, RunConfig] = {
+    "oneshot-label3": RunConfig(**lq._ONE_SHOT, split="label:3"),
+    "oneshot-dir1.0": RunConfig(**lq._ONE_SHOT, split="dirichlet:1.0"),
+    "rounds-3": RunConfig(**lq._ROUNDS, rounds=3),
+    "rounds-25": RunConfig(**lq._ROUNDS, rounds=25),
+    "mnist5k-to-mnistm5k-T10": RunConfig(**lq._ROUNDS, target="mnistm5k", rounds=10),
+    "mnist5k-to-mnistm5k-T100": RunConfig(**lq._ROUNDS, target="mnistm5k", rounds=100),
+    "digits-to-mnist5k-T100": RunConfig(**{**lq._ROUNDS, "dataset": "digits"},
+                                        target="mnist5k", image_size=28, rounds=100),
+    # domain pairs the grid does not have
+    "mnistm5k-to-mnist5k": RunConfig(**{**lq._ROUNDS, "dataset": "mnistm5k"},
+                                     target="mnist5k", rounds=30),
+    "digits-to-mnistm5k": RunConfig(**{**lq._ROUNDS, "dataset": "digits"},
+                                    target="mnistm5k", image_size=28, rounds=30),
+}
+
+
+def variants(grid: Path, root: Path) -> None:
+    """Each cell refined again with seed 1 (``root/seed1``) and down the other branch, seed 0
+    (``root/other``: adapt where the default votes, vote where it adapts)."""
+    import mrtf.refinery.pipeline as pl
+    from mrtf.io import H5Dataset, load_received
+    from mrtf.refinery import RefineConfig, refine
+
+    orig = pl.target_novelty
+    for d in sorted(grid.glob("*/received")):
+        cell = d.parent.name
+        for kind, seed in (("seed1", 1), ("other", 0)):
+            out = root / kind / f"{cell}.npz"
+            if out.is_file():
+                continue
+            out.parent.mkdir(parents=True, exist_ok=True)
+
+            def forced(*a, **kw):  # the default's choice, then the opposite one
+                nv = orig(*a, **kw)
+                return orig(*a, gap=100.0 if nv.adapt else -100.0, **kw)
+
+            pl.target_novelty = forced if kind == "other" else orig
+            with H5Dataset(d.parent / "target.h5") as src:
+                r = refine(load_received(d), src, RefineConfig(seed=seed, progress=False))
+                feats = penultimate(r.model, src)
+            pl.target_novelty = orig
+            np.savez(out, probs=r.probs, feats=feats,
+                     adapt=bool(r.info.get("novelty", {}).get("adapt", False)))
+            print(kind, cell, flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="runs/fresh")
+    ap.add_argument("--cells", default=",".join(FRESH))
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--variants", default=None, metavar="GRID",
+                    help="only refine GRID's cells with seed 1 and down the other branch")
+    ap.add_argument("--dump", action="store_true",
+                    help="refine the simulated cells: calib/, seed1/, other/")
+    args = ap.parse_args()
+    if args.variants:
+        variants(Path(args.variants), Path(args.out))
+        return
+    if args.dump:
+        root = Path(args.out)
+        (root / "calib").mkdir(parents=True, exist_ok=True)
+        dump(str(root / "received"), root / "calib")
+        variants(root / "received", root)
+        return
+    lq.CELLS.update(FRESH)
+    root = Path(args.out)
+    for cell in args.cells.split(","):
+        for seed in map(int, args.seeds.split(",")):
+            t0 = time.perf_counter()
+            lq.received_set(cell, seed, root)
+            print(f"{cell} seed {seed}: {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
