@@ -179,7 +179,8 @@ def main() -> None:
     print(f"saved {root / 'scale.json'} and {root / 'scale.png'} ({len(rows)} cells)")
 
 
-E2E_STAGES = ("teachers", "clr", "distill", "predict", "write")
+#: "calibration" is timed by refine since 2026-11-23 (earlier cells count it under "write")
+E2E_STAGES = ("teachers", "clr", "calibration", "distill", "predict", "write")
 
 
 def received_parties(root: Path, k: int) -> Path:
@@ -242,8 +243,8 @@ def plot_e2e(rows: list[dict], out: Path) -> None:
     ms = [r["M"] for r in rows]
     for i, name in enumerate(E2E_STAGES):
         label = "targets (clr / consensus)" if name == "clr" else name
-        ax_t.plot(ms, [max(r["stages"][name]["s"], 1e-2) for r in rows], "-o", color=f"C{i}",
-                  label=label)
+        ax_t.plot(ms, [max(r["stages"].get(name, {"s": 0.0})["s"], 1e-2) for r in rows], "-o",
+                  color=f"C{i}", label=label)
     ax_t.plot(ms, [r["wall_s"] for r in rows], "-k", label="wall")
     ax_m.plot(ms, [r["peak_rss_mb"] for r in rows], "-ok", label="peak RSS")
     ax_m.plot(ms, [r["outputs_mb"] for r in rows], "--", color="grey",

@@ -110,7 +110,7 @@ def test_methods_run_and_ignore_y(demo, method):
     np.testing.assert_array_equal(a.probs, b.probs)
     np.testing.assert_allclose(a.probs.sum(1), 1.0, atol=1e-5)
     assert a.info["method"] == method and a.info["teachers"] == 3
-    assert set(a.timings) == {"teachers", "clr", "distill", "predict"}
+    assert set(a.timings) == {"teachers", "clr", "distill", "predict", "calibration"}
     if method == "fedavg":
         np.testing.assert_array_equal(a.probs, a.averaged_probs)
     else:

@@ -249,7 +249,8 @@ def refine(received, source, config: RefineConfig | None = None,
     dev = pick_device(config.device)
     spec = METHOD_SPECS[config.method]
     plan = _plan(received, source, config, student, dev)
-    timings: dict[str, float] = {"teachers": 0.0, "clr": 0.0, "distill": 0.0, "predict": 0.0}
+    timings: dict[str, float] = {"teachers": 0.0, "clr": 0.0, "distill": 0.0, "predict": 0.0,
+                                 "calibration": 0.0}
     t0 = time.perf_counter()
     trusted = apply_trust(plan, received, source, config, dev, student is not None) \
         if trust_on(config) else None
@@ -290,7 +291,9 @@ def refine(received, source, config: RefineConfig | None = None,
         targets, extra = _targets(plan, out.logits, out.features, config, u, skip_clr, before,
                                   factors)
         timings["clr"] = extra.pop("clr")
+        t0 = time.perf_counter()
         signals = signals_of(out.logits[:len(plan.locals_)], before, targets, source)
+        timings["calibration"] = time.perf_counter() - t0
         novelty = _novelty(plan, out.logits, used, config, student is not None)
         out.logits = out.features = None  # free (K, M, C) before distilling
         t0 = time.perf_counter()
@@ -309,6 +312,7 @@ def refine(received, source, config: RefineConfig | None = None,
         info.update(_trust_info(extra["adaptive"], probs, before))
     if "novelty" in extra:
         info["novelty"] = {**asdict(extra["novelty"]), "line": extra["novelty"].line()}
+    t0 = time.perf_counter()
     cal = calibration_of(probs, signals)
     # the label-free estimate of the labels' accuracy (mrtf.trust.calibration); the
     # consensus' own view, optimistic where the models are weak, stays under "consensus_view"
@@ -317,6 +321,7 @@ def refine(received, source, config: RefineConfig | None = None,
         "averaged": None if signals is None else calibration_of(before, signals)
         .estimated_accuracy, "consensus_view": info.get("estimated_accuracy")}
     info["calibration"] = cal.attrs()
+    timings["calibration"] += time.perf_counter() - t0
     if trusted is not None:
         info["reliability"] = [p.to_dict() for p in trusted.report.parties]
         info["verdicts"] = [p.line() for p in trusted.report.parties]

@@ -105,7 +105,8 @@ def refine_streaming(received, source, config: RefineConfig,
     dev = pick_device(config.device)
     spec = METHOD_SPECS[config.method]
     plan = pl._plan(received, source, config, student, dev)
-    timings: dict[str, float] = {"teachers": 0.0, "clr": 0.0, "distill": 0.0, "predict": 0.0}
+    timings: dict[str, float] = {"teachers": 0.0, "clr": 0.0, "distill": 0.0, "predict": 0.0,
+                                 "calibration": 0.0}
     u = u_t([m.meta.train_loss for m in pl.newest_locals(received)], received.num_classes)
     notes, skip_clr = pl._notes(received, plan, config)
     self_model = plan.agg if plan.agg is not None else plan.student
@@ -136,7 +137,9 @@ def refine_streaming(received, source, config: RefineConfig,
         else:
             # the calibration's evidence from the raw logits, before adaptive's Eq. 6 pass
             # overwrites them in place (the consensus is attached once it exists)
+            t0 = time.perf_counter()
             local = with_neighbours(_local_signals(sink, len(plan.locals_), before), source)
+            timings["calibration"] = time.perf_counter() - t0
             novelty = pl._novelty(plan, TeacherMajor(sink.logits),
                                   pl.newest_locals(received), config, student is not None)
             if novelty is not None and novelty.adapt:
@@ -164,6 +167,7 @@ def refine_streaming(received, source, config: RefineConfig,
     if trust_on(config):
         notes.append(f"streaming path (large target): {STREAMING_GAPS} are not applied "
                      "on it yet; --stream off refines in memory with them")
+    t0 = time.perf_counter()
     cal = calibration_of(probs, local)
     info["estimated_accuracy"] = {"refined": cal.estimated_accuracy,
                                   "plus_minus": cal.plus_minus, "method": cal.method,
@@ -171,6 +175,7 @@ def refine_streaming(received, source, config: RefineConfig,
                                   calibration_of(before, local).estimated_accuracy,
                                   "consensus_view": info.get("estimated_accuracy")}
     info["calibration"] = cal.attrs()
+    timings["calibration"] += time.perf_counter() - t0
     return pl.RefineResult(model.eval().cpu(), probs, targets, before, info, timings, cal)
 
 
