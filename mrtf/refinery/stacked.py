@@ -45,11 +45,13 @@ from mrtf.refinery.fastpath import Pool2x2
 TEACHER_BLOCK = 25  # teachers per conv1 GEMM and grouped conv2
 GEMM_BUDGET = 2**20  # bytes of one conv1 GEMM's output: L2-sized (1 image at 25 teachers)
 ROWS_CONV2 = 32  # images per grouped conv2 call
-# The oneDNN path (K = 50, 1,024 images, 1 thread, interleaved, load ~1.5): blocks of 25
-# teachers at 8 images per call 0.478 s, 4 images 0.513 s; 17 at 8: 0.491, at 16: 0.522; 50 at
-# 2-8 images 0.51-0.60 s (the 50·16 × 24×24 conv1 map of 8 images, 14.7 MB, leaves the caches).
+# The oneDNN path, K = 50, 2,048 images, 1 thread, interleaved runs at load 1.5-2.6 (the GEMM
+# path 1.41-1.79 s in the same runs): blocks of 25 teachers at 6 images per call 0.97-1.02 s,
+# 8: 0.99-1.07, 4: 1.00-1.06, 2: 1.14, 10-16: 1.03-1.17 (the conv1 map, 1.8 MB per image at 25
+# teachers, leaves L2 and then L3); blocks of 10 at 4-8 images 1.07-1.20 s, 5 at 8: 1.23, 50
+# at 2: 1.08 (each call costs ~10-30 µs before any work).
 ONEDNN_BLOCK = 25  # teachers per oneDNN conv call
-ONEDNN_ROWS = 8  # images per oneDNN conv call
+ONEDNN_ROWS = 6  # images per oneDNN conv call
 ENGINES = ("auto", "onednn", "gemm")
 
 
@@ -137,9 +139,16 @@ _MKLDNN = torch.ops.mkldnn
 
 
 def _onednn_available() -> bool:
-    """The private oneDNN ops the path calls (inductor's fused conv / linear) exist."""
-    return torch.backends.mkldnn.is_available() and all(
-        hasattr(_MKLDNN, op) for op in ("_convolution_pointwise", "_linear_pointwise"))
+    """The private oneDNN op the path calls (inductor's fused linear) exists."""
+    return torch.backends.mkldnn.is_available() and hasattr(_MKLDNN, "_linear_pointwise")
+
+
+def _packed(weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor], pad: list[int],
+            groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Concatenated conv weights and biases as oneDNN tensors, the weights reordered once."""
+    w = torch.cat([x.detach() for x in weights]).contiguous().to_mkldnn()
+    w = torch._C._nn.mkldnn_reorder_conv2d_weight(w, pad, [1, 1], [1, 1], groups)
+    return w, torch.cat([b.detach() for b in biases]).to_mkldnn()
 
 
 class _OneDNNBlock:
@@ -153,24 +162,20 @@ class _OneDNNBlock:
         c1, c2 = [m.body[0] for m in models], [m.body[3] for m in models]
         self.n = len(models)
         self.pad1, self.pad2 = list(c1[0].padding), list(c2[0].padding)
-        self.w1 = torch.cat([c.weight.detach() for c in c1]).contiguous()
-        self.b1 = torch.cat([c.bias.detach() for c in c1])
-        # conv2's weight is 16·n × 16 × 5 × 5 (640 KB at n = 25): reordering it on every call
-        # took 0.55 ms; prepacked once instead (the conv1 weights, 40 KB, go in plain)
-        self.w2 = torch._C._nn.mkldnn_reorder_conv2d_weight(
-            torch.cat([c.weight.detach() for c in c2]).contiguous().to_mkldnn(),
-            self.pad2, [1, 1], [1, 1], self.n)
-        self.b2 = torch.cat([c.bias.detach() for c in c2]).to_mkldnn()
+        # weights prepacked once in oneDNN's layout: conv2's (16·n × 16 × 5 × 5, 640 KB at
+        # n = 25) took 0.55 ms to reorder per call
+        self.w1, self.b1 = _packed([c.weight for c in c1], [c.bias for c in c1], self.pad1, 1)
+        self.w2, self.b2 = _packed([c.weight for c in c2], [c.bias for c in c2], self.pad2, self.n)
         self.fc = [[(m.classifier[i].weight.detach().contiguous(), m.classifier[i].bias.detach())
                     for i in (0, 2, 4)] for m in models]
 
     def features(self, xm: torch.Tensor) -> torch.Tensor:
-        """``xm`` (b, C, H, W) mkldnn → (n, b, D) flattened conv maps in (c, h, w) order."""
-        y = _MKLDNN._convolution_pointwise(xm, self.w1, self.b1, self.pad1, [1, 1], [1, 1], 1,
-                                           "relu", [None], "")
-        y = F.max_pool2d(y, 2)  # ReLU before the pool: exact, max and ReLU commute
+        """``xm`` (b, C, H, W) mkldnn → (n, b, D) flattened conv maps in (c, h, w) order,
+        before the last ReLU."""
+        y = torch.mkldnn_convolution(xm, self.w1, self.b1, self.pad1, [1, 1], [1, 1], 1)
+        y = torch.relu_(F.max_pool2d(y, 2))  # pool before ReLU: exact, 4× fewer elements
         h = torch.mkldnn_convolution(y, self.w2, self.b2, self.pad2, [1, 1], [1, 1], self.n)
-        h = torch.relu_(F.max_pool2d(h, 2)).to_dense()  # NCHW: teacher-major channels
+        h = F.max_pool2d(h, 2).to_dense()  # NCHW: teacher-major channels; ReLU in the copy
         return h.view(len(h), self.n, -1).transpose(0, 1)
 
     def classify(self, z: torch.Tensor) -> torch.Tensor:
@@ -202,7 +207,7 @@ def _onednn_run(models: Sequence[nn.Module], block: int, rows: int
                 z = blk.features(xm)
                 if len(zs) == j:  # (n, B, D): each teacher's rows contiguous for its classifier
                     zs.append(torch.empty(blk.n, len(x), z.shape[2]))
-                zs[j][:, s:s + rows] = z
+                torch.clamp_min(z, 0, out=zs[j][:, s:s + rows])
         return torch.cat([blk.classify(z) for blk, z in zip(blocks, zs)])
 
     return run
