@@ -1,28 +1,44 @@
-"""All K zoo LeNet teachers in one pass on CPU: the first convolution of every teacher as one
-GEMM over a shared unfold, the second as grouped convolutions over blocks of teachers.
+"""All K zoo LeNet teachers in one pass on CPU: both convolutions over blocks of teachers, in
+oneDNN's blocked layout (the default), or the first as one GEMM over a shared unfold (fallback).
 
-The K teachers see the same image, so their first convolutions share one im2col: the unfold of
-a micro-batch, multiplied by all K·16 filters at once (``(rows, 25) @ (25, K·16)``, one MKL GEMM
-at ~90 GFLOP/s where oneDNN's 1-input-channel direct conv reached ~65). The unfold is laid out
-by 2×2 pooling offset, ``(4, rows, 25)``: the GEMM's four row blocks are the four corners of
-every pooling window, so the max-pool is three ``torch.maximum`` of contiguous blocks written
-straight into the pooled map, and the bias and ReLU go after it on the 4× smaller map
-(``max_i(a_i) + b == max_i(a_i + b)`` and ReLU commutes with max: rounding is monotone). The
-pooled map of a block of teachers is channels-last with teacher-major channels, which is the
-input a grouped conv2 (``groups`` = teachers in the block) reads without reorders; the
-classifier runs as three ``baddbmm`` over the block. Sums are ordered differently from the
-model's own convolutions, so logits are not bit-identical: |Δ| ≤ 1e-4 × the logit scale is
-checked on a probe before the path is used (argmax agreement is measured in the bench).
+**oneDNN engine.** The K teachers see the same image, so their first convolutions are one conv
+with 1 input and 16·n output channels per block of n = 25 teachers. Its output stays in
+oneDNN's blocked layout (nChw16c), where one 16-channel block is one teacher's channels: the
+2×2 max-pool (oneDNN's, inference kind: no indices), the ReLU after it (exact: ReLU commutes
+with max, on a 4× smaller map) and conv2 as one grouped conv (``groups`` = n, weights
+prepacked once) read it without reorders; only the pooled 16×4×4 maps come back to plain
+tensors, gathered for the whole chunk, and each teacher's classifier runs on all its rows as
+three oneDNN inner products (ReLU fused). Why oneDNN throughout: on this AMD CPU (Zen 5, AVX-512)
+MKL's GEMM runs AVX2 code, 92 GFLOP/s for a 2,048² mm where oneDNN's inner product reaches 214;
+the GEMM engine's conv1 GEMM ``(576, 25) @ (25, 800)`` ran 93 against 194. The 1 → 16·n conv
+reaches 173-177 GFLOP/s alone in the blocked layout (4 images), where the same conv ran 44-52
+channels-last, and the grouped conv2 188-198 against 154-191 channels-last (alone; in the
+whole path, beside the other layers' cache traffic, 141 and 173).
+
+**GEMM engine** (when torch lacks the oneDNN ops): the unfold of a micro-batch laid out by 2×2
+pooling offset, ``(4, rows, 25)``, times all K·16 filters (one MKL GEMM); the max-pool is an
+amax of the four row blocks, bias and ReLU after it; the pooled map, channels-last with
+teacher-major channels, goes to a grouped conv2, the classifier to three ``baddbmm``.
+
+Sums are ordered differently from the model's own layers, so logits are not bit-identical:
+|Δ| ≤ 1e-4 × the logit scale is checked on a probe before a path is used (argmax agreement is
+measured in the bench).
 
 Measured (``bench/refine_speed.py --compare --K 50 --threads 1 --repeats 5``, 50 random LeNets ×
-2,048 images, interleaved in one process, ``bench/results/teacher_compare-K50.json``): nearly
-idle, 1.41 s = 5.91× the plain loop (8.35 s) and 1.15× fastpath.py (1.63 s), 99 GFLOP/s = 46 %
-of the big conv's 215 in the same run; at load 4-5, 5.36× and 1.19× (90 GFLOP/s, 42 %); max
-|Δlogit| 8.9e-8, argmax 100 %. The issue's ≥ 8× exact is not reached. Profile (torch.profiler,
-same inputs, self time): oneDNN's grouped conv2 41 % (~100 GFLOP/s), the conv1 GEMM 32 % (MKL,
-inner dimension 25: ~72 GFLOP/s), the classifier's baddbmm 8 %, the pooling amax 5 %, the unfold
-2.5 %. For few teachers the shared unfold and narrow GEMMs do not pay off (teachers.STACKED_MIN:
-below 16 teachers fastpath.py runs).
+2,048 images, interleaved in one process, ``bench/results/teacher_compare-K50.json``): 1.035 s
+= 7.40× the plain loop (7.66 s) and 1.61× fastpath.py (1.67 s), 135 GFLOP/s = 66 % of the big
+conv's 204 in the same run (load 1.1-1.9: one other job on the second core); 1.015 s = 7.66× at
+load 2.1 (loop 7.77 s); beside more jobs (load 2.7 and 4.3) 6.50× and 6.36×. The GEMM engine
+in the same harness, interleaved: 1.34-1.57× slower (the documented 5.91× of the GEMM engine,
+idle, would be 7.9-9.3×). Max |Δlogit| 7.5e-8, argmax 100 %. The issue's ≥ 8× is not reached
+in the bench. Profile (torch.profiler, self time, load ~1.6): oneDNN's grouped conv2 42 %
+(~154 GFLOP/s), conv1 30 % (~121), the conv1 max-pool 11 % (a bandwidth pass over the 4× map:
+1.8 MB per image at 25 teachers, beyond L2), the classifier 6 %, the conv2 pool 3 %, the ReLU
+after the first pool 2 %, back to plain tensors 2 %. What did not help (same harness): the ReLU
+fused into conv1 (±1 %), 1-2 images per call (1.09-1.5× slower: each oneDNN call costs
+~10-30 µs before any work), blocks of 5-17 teachers (1.03-1.18×), the loops swapped (teacher
+blocks outer, 1.06×).
+For few teachers see teachers.STACKED_MIN.
 """
 
 from __future__ import annotations
