@@ -25,20 +25,22 @@ Sums are ordered differently from the model's own layers, so logits are not bit-
 measured in the bench).
 
 Measured (``bench/refine_speed.py --compare --K 50 --threads 1 --repeats 5``, 50 random LeNets ×
-2,048 images, interleaved in one process, ``bench/results/teacher_compare-K50.json``): 1.035 s
-= 7.40× the plain loop (7.66 s) and 1.61× fastpath.py (1.67 s), 135 GFLOP/s = 66 % of the big
-conv's 204 in the same run (load 1.1-1.9: one other job on the second core); 1.015 s = 7.66× at
-load 2.1 (loop 7.77 s); beside more jobs (load 2.7 and 4.3) 6.50× and 6.36×. The GEMM engine
-in the same harness, interleaved: 1.34-1.57× slower (the documented 5.91× of the GEMM engine,
-idle, would be 7.9-9.3×). Max |Δlogit| 7.5e-8, argmax 100 %. The issue's ≥ 8× is not reached
-in the bench. Profile (torch.profiler, self time, load ~1.6): oneDNN's grouped conv2 42 %
-(~154 GFLOP/s), conv1 30 % (~121), the conv1 max-pool 11 % (a bandwidth pass over the 4× map:
-1.8 MB per image at 25 teachers, beyond L2), the classifier 6 %, the conv2 pool 3 %, the ReLU
-after the first pool 2 %, back to plain tensors 2 %. What did not help (same harness): the ReLU
-fused into conv1 (±1 %), 1-2 images per call (1.09-1.5× slower: each oneDNN call costs
+2,048 images, interleaved in one process, ``bench/results/teacher_compare-K50.json``, five runs
+on 2026-11-23): no other process running, 0.961 s = 7.99× the plain loop (7.68 s) and 1.76×
+fastpath.py, 145 GFLOP/s = 67 % of the big conv's 218 in the same run; a second such run 1.119 s
+= 7.68× (loop 8.59 s; 60 % of 209); beside one other job (load 1.1-1.9) 7.40×, beside more
+(load 2.7, 4.3) 6.50× and 6.36×; 1.57-1.76× fastpath.py in all five. Max |Δlogit| 7.5e-8,
+argmax 100 %. The issue's ≥ 8× is reached only to within noise (7.99×). Against the GEMM engine,
+interleaved in one process: 1.34-1.58× faster (1.39 s against 0.92-0.98 s idle). Profile
+(torch.profiler, self time, load ~1.6): oneDNN's grouped conv2 42 % (~154 GFLOP/s), conv1 30 %
+(~121), the conv1 max-pool 11 % (a bandwidth pass over the 4× map: 1.8 MB per image at 25
+teachers, beyond L2), the classifier 6 %, the conv2 pool 3 %, the ReLU after the first pool 2 %,
+back to plain tensors 2 %. The bottleneck: oneDNN's two convolutions, at 68-82 % of their
+rate alone (the conv1 map's round trip through L3 for the pool costs them and the pool).
+What did not help (same harness): the ReLU fused into conv1 (±1 %), TorchScript for the
+per-micro-batch ops (±1 %), 1-2 images per call (1.09-1.5× slower: each oneDNN call costs
 ~10-30 µs before any work), blocks of 5-17 teachers (1.03-1.18×), the loops swapped (teacher
-blocks outer, 1.06×).
-For few teachers see teachers.STACKED_MIN.
+blocks outer, 1.06×). For few teachers see teachers.STACKED_MIN.
 """
 
 from __future__ import annotations
