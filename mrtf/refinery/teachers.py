@@ -40,9 +40,8 @@ STACK_MODES = ("auto", "fast", "vmap", "nhwc", "loop")
 # and narrow GEMMs do not pay off for few teachers: against fastpath.py (512 images, 1 thread,
 # load ~4, interleaved) K = 1: 0.45x, 2: 0.7x, 5: 0.9x, 11 and 16: 1.0x, 25: 1.13x, 50:
 # 1.09-1.46x. Its oneDNN engine (the default now) was faster from K = 2 on (512 images, load
-# ~3: K = 1 0.74x, 2 1.08x, 5 1.5x, 10 1.85x, 16 and 25 1.75x). The threshold stays at 16 for
-# now: lower, it would move the K = 10 runs' teacher logits (and the documented results with
-# them) in their last bits.
+# ~3: K = 1 0.74x, 2 1.08x, 5 1.5x, 10 1.85x, 16 and 25 1.75x); kept at 16: lower, it would
+# move the K = 10 runs' teacher logits (and documented results) in their last bits.
 STACKED_MIN = 16
 
 
