@@ -25,11 +25,12 @@ Sums are ordered differently from the model's own layers, so logits are not bit-
 measured in the bench).
 
 Measured (``bench/refine_speed.py --compare --K 50 --threads 1 --repeats 5``, 50 random LeNets ×
-2,048 images, interleaved in one process, ``bench/results/teacher_compare-K50.json``, five runs
+2,048 images, interleaved in one process, ``bench/results/teacher_compare-K50.json``, six runs
 on 2026-11-23): no other process running, 0.961 s = 7.99× the plain loop (7.68 s) and 1.76×
-fastpath.py, 145 GFLOP/s = 67 % of the big conv's 218 in the same run; a second such run 1.119 s
-= 7.68× (loop 8.59 s; 60 % of 209); beside one other job (load 1.1-1.9) 7.40×, beside more
-(load 2.7, 4.3) 6.50× and 6.36×; 1.57-1.76× fastpath.py in all five. Max |Δlogit| 7.5e-8,
+fastpath.py, 145 GFLOP/s = 67 % of the big conv's 218 in the same run; two more such runs
+7.68× and 7.34× (loop 8.59 and 7.23 s: the VM's own speed moves); beside one other job (load
+1.1-1.9) 7.40×, beside more (load 2.7, 4.3) 6.50× and 6.36×; 1.57-1.76× fastpath.py in all
+six. Max |Δlogit| 7.5e-8,
 argmax 100 %. The issue's ≥ 8× is not met: 7.99× at best. Against the GEMM engine,
 interleaved in one process: 1.34-1.58× faster (1.39 s against 0.92-0.98 s idle). Profile
 (torch.profiler, self time, load ~1.6): oneDNN's grouped conv2 42 % (~154 GFLOP/s), conv1 30 %
