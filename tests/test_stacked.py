@@ -8,7 +8,7 @@ from torch import nn
 
 from mrtf.io.hdf5 import ArraySource
 from mrtf.models import build_model
-from mrtf.refinery.stacked import _pooled_unfold, eligible, stacked_forward
+from mrtf.refinery.stacked import _onednn_available, _pooled_unfold, eligible, stacked_forward
 from mrtf.refinery.teachers import teacher_logits
 
 
@@ -22,6 +22,9 @@ def _lenets(k: int, seed: int = 0, **kw) -> list[nn.Module]:
     return models
 
 
+ENGINES = ["onednn", "gemm"]
+
+
 def _check(models, x, **kw) -> None:
     run = stacked_forward(models, x[:4], **kw)
     assert run is not None
@@ -33,22 +36,35 @@ def _check(models, x, **kw) -> None:
     assert torch.equal(got.argmax(-1), want.argmax(-1))
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("k,n", [(1, 1), (1, 33), (3, 77), (7, 50)])
-def test_random_lenets_28px(k, n):
+def test_random_lenets_28px(k, n, engine):
     torch.manual_seed(k)
-    _check(_lenets(k, k), torch.rand(n, 1, 28, 28))
+    _check(_lenets(k, k), torch.rand(n, 1, 28, 28), engine=engine)
 
 
-def test_blocks_and_micro_batches_not_dividing():
+@pytest.mark.parametrize("engine", ENGINES)
+def test_blocks_and_micro_batches_not_dividing(engine):
     torch.manual_seed(1)
     x = torch.rand(23, 1, 28, 28)
-    _check(_lenets(7, 3), x, block=3, rows1=2, rows2=5)
+    _check(_lenets(7, 3), x, block=3, rows1=2, rows2=5, engine=engine)
 
 
-def test_odd_conv_map_and_channels():
+@pytest.mark.parametrize("engine", ENGINES)
+def test_odd_conv_map_and_channels(engine):
     # 29 px: conv1 map 25×25, the max-pool drops its last row/column; 3 input channels
     torch.manual_seed(2)
-    _check(_lenets(3, 4, in_channels=3, image_size=29), torch.rand(9, 3, 29, 29))
+    _check(_lenets(3, 4, in_channels=3, image_size=29), torch.rand(9, 3, 29, 29), engine=engine)
+
+
+@pytest.mark.skipif(not _onednn_available(), reason="this torch build lacks the oneDNN ops")
+def test_fifty_teachers_onednn_default_blocks():
+    # the shape the bench times: K = 50 (two blocks of 25), 28 px, micro-batches of 8 images
+    # that do not divide the 37 images; logits vs the plain loop, and the default engine
+    torch.manual_seed(5)
+    models, x = _lenets(50, 5), torch.rand(37, 1, 28, 28)
+    _check(models, x, engine="onednn")
+    assert stacked_forward(models, x[:4]).__qualname__.startswith("_onednn_run")
 
 
 def test_pooled_unfold_layout():
@@ -82,7 +98,8 @@ def trained():
 
 def test_trained_lenets_on_digits(trained):
     models, x, y = trained
-    _check(models, x[:301])
+    for engine in ENGINES:  # 8 px, padding 2 in both convs
+        _check(models, x[:301], engine=engine)
     with torch.inference_mode():
         assert (models[0](x).argmax(-1) == y).float().mean() > 0.5  # trained-ish
 
@@ -114,3 +131,5 @@ def test_not_eligible():
     assert not eligible(mixed)
     assert stacked_forward(mixed, torch.rand(2, 1, 28, 28)) is None
     assert stacked_forward(_lenets(2), torch.rand(2, 784)) is None  # not an image batch
+    with pytest.raises(ValueError, match="engine"):
+        stacked_forward(_lenets(2), torch.rand(2, 1, 28, 28), engine="cuda")

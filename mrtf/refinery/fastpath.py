@@ -6,9 +6,9 @@ jobs beside (load average in brackets). Against the plain loop at batch 1,024: K
 and 6.0× (1.7); K=50 5.4× (5.8), 4.4× (1.8), 4.51× (4-5) and 5.14× (~1, 1.63 s against
 8.35 s); the channels-last loop at 1,024 (the old 'auto') is 1.4-1.8×. The path reaches
 ~65-86 GFLOP/s, 35-52 % of what a big 3×3 conv reached in the same run (123-215 GFLOP/s);
-bf16 4.9-7.3× the loop. For groups of ≥ 16 LeNets, stacked.py is used instead (one GEMM for
-all first convs, grouped conv2): 5.91× and 5.36× the loop, 1.15× and 1.19× this path at K=50
-in the same runs.
+bf16 4.9-7.3× the loop. For groups of ≥ 16 LeNets, stacked.py is used instead (all first convs
+as one oneDNN conv, grouped conv2, in oneDNN's blocked layout): 6.4-7.7× the loop, 1.6-1.7×
+this path at K=50 in the same runs (its older GEMM engine: 5.91× and 5.36×, 1.15× and 1.19×).
 
 Where the time goes, and what this path does about it:
 
@@ -43,7 +43,9 @@ of 10 (160 GEMM columns): the GEMM 0.63×, the whole path 0.88× blocks of 25. `
 (inductor, gcc) of stacked.py's block for 32 images: 13 s to compile, 0.89× the eager stacked
 path (it gives up the L2-sized GEMM rows). conv2 as one grouped conv over a block of teachers
 (input already channels-last, teacher-major): ~1.25× 50 per-teacher convs; bigger conv2 batches
-(64, 128) were not faster.
+(64, 128) were not faster. Later (stacked.py's oneDNN engine): the same dense 1 → 16·n conv
+in oneDNN's blocked layout (nChw16c, mkldnn tensors) reached 173-177 GFLOP/s alone, and kept
+blocked through oneDNN's pool into the grouped conv2 it is now the default there.
 
 ``precision='bf16'`` (off by default) runs the copies in bfloat16 (AVX-512 BF16 on this CPU):
 argmax agreement with the fp32 loop 99.7 % on random LeNets (max |Δlogit| 1e-3) and 99.7 %

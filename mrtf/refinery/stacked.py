@@ -1,32 +1,52 @@
-"""All K zoo LeNet teachers in one pass on CPU: the first convolution of every teacher as one
-GEMM over a shared unfold, the second as grouped convolutions over blocks of teachers.
+"""All K zoo LeNet teachers in one pass on CPU: both convolutions over blocks of teachers, in
+oneDNN's blocked layout (the default), or the first as one GEMM over a shared unfold (fallback).
 
-The K teachers see the same image, so their first convolutions share one im2col: the unfold of
-a micro-batch, multiplied by all K·16 filters at once (``(rows, 25) @ (25, K·16)``, one MKL GEMM
-at ~90 GFLOP/s where oneDNN's 1-input-channel direct conv reached ~65). The unfold is laid out
-by 2×2 pooling offset, ``(4, rows, 25)``: the GEMM's four row blocks are the four corners of
-every pooling window, so the max-pool is three ``torch.maximum`` of contiguous blocks written
-straight into the pooled map, and the bias and ReLU go after it on the 4× smaller map
-(``max_i(a_i) + b == max_i(a_i + b)`` and ReLU commutes with max: rounding is monotone). The
-pooled map of a block of teachers is channels-last with teacher-major channels, which is the
-input a grouped conv2 (``groups`` = teachers in the block) reads without reorders; the
-classifier runs as three ``baddbmm`` over the block. Sums are ordered differently from the
-model's own convolutions, so logits are not bit-identical: |Δ| ≤ 1e-4 × the logit scale is
-checked on a probe before the path is used (argmax agreement is measured in the bench).
+**oneDNN engine.** The K teachers see the same image, so their first convolutions are one conv
+with 1 input and 16·n output channels per block of n = 25 teachers. Its output stays in
+oneDNN's blocked layout (nChw16c), where one 16-channel block is one teacher's channels: the
+2×2 max-pool (oneDNN's, inference kind: no indices), the ReLU after it (exact: ReLU commutes
+with max, on a 4× smaller map) and conv2 as one grouped conv (``groups`` = n, weights
+prepacked once) read it without reorders; only the pooled 16×4×4 maps come back to plain
+tensors, gathered for the whole chunk, and each teacher's classifier runs on all its rows as
+three oneDNN inner products (ReLU fused). Why oneDNN throughout: on this AMD CPU (Zen 5, AVX-512)
+MKL's GEMM runs AVX2 code, 92 GFLOP/s for a 2,048² mm where oneDNN's inner product reaches 214;
+the GEMM engine's conv1 GEMM ``(576, 25) @ (25, 800)`` ran 93 against 194. The 1 → 16·n conv
+reaches 173-177 GFLOP/s alone in the blocked layout (4 images), where the same conv ran 44-52
+channels-last, and the grouped conv2 188-198 against 154-191 channels-last (alone; in the
+whole path, beside the other layers' cache traffic, 141 and 173).
+
+**GEMM engine** (when torch lacks the oneDNN ops): the unfold of a micro-batch laid out by 2×2
+pooling offset, ``(4, rows, 25)``, times all K·16 filters (one MKL GEMM); the max-pool is an
+amax of the four row blocks, bias and ReLU after it; the pooled map, channels-last with
+teacher-major channels, goes to a grouped conv2, the classifier to three ``baddbmm``.
+
+Sums are ordered differently from the model's own layers, so logits are not bit-identical:
+|Δ| ≤ 1e-4 × the logit scale is checked on a probe before a path is used (argmax agreement is
+measured in the bench).
 
 Measured (``bench/refine_speed.py --compare --K 50 --threads 1 --repeats 5``, 50 random LeNets ×
-2,048 images, interleaved in one process, ``bench/results/teacher_compare-K50.json``): nearly
-idle, 1.41 s = 5.91× the plain loop (8.35 s) and 1.15× fastpath.py (1.63 s), 99 GFLOP/s = 46 %
-of the big conv's 215 in the same run; at load 4-5, 5.36× and 1.19× (90 GFLOP/s, 42 %); max
-|Δlogit| 8.9e-8, argmax 100 %. The issue's ≥ 8× exact is not reached. Profile (torch.profiler,
-same inputs, self time): oneDNN's grouped conv2 41 % (~100 GFLOP/s), the conv1 GEMM 32 % (MKL,
-inner dimension 25: ~72 GFLOP/s), the classifier's baddbmm 8 %, the pooling amax 5 %, the unfold
-2.5 %. For few teachers the shared unfold and narrow GEMMs do not pay off (teachers.STACKED_MIN:
-below 16 teachers fastpath.py runs).
+2,048 images, interleaved in one process, ``bench/results/teacher_compare-K50.json``, six runs
+on 2026-11-23): no other process running, 0.961 s = 7.99× the plain loop (7.68 s) and 1.76×
+fastpath.py, 145 GFLOP/s = 67 % of the big conv's 218 in the same run; two more such runs
+7.68× and 7.34× (loop 8.59 and 7.23 s: the VM's own speed moves); beside one other job (load
+1.1-1.9) 7.40×, beside more (load 2.7, 4.3) 6.50× and 6.36×; 1.57-1.76× fastpath.py in all
+six. Max |Δlogit| 7.5e-8,
+argmax 100 %. The issue's ≥ 8× is not met: 7.99× at best. Against the GEMM engine,
+interleaved in one process: 1.34-1.58× faster (1.39 s against 0.92-0.98 s idle). Profile
+(torch.profiler, self time, load ~1.6): oneDNN's grouped conv2 42 % (~154 GFLOP/s), conv1 30 %
+(~121), the conv1 max-pool 11 % (a bandwidth pass over the 4× map: 1.8 MB per image at 25
+teachers, beyond L2), the classifier 6 %, the conv2 pool 3 %, the ReLU after the first pool 2 %,
+back to plain tensors 2 %. The bottleneck: oneDNN's two convolutions, at 68-82 % of their
+rate alone (the conv1 map's round trip through L3 for the pool costs them and the pool).
+What did not help (same harness): the ReLU fused into conv1 (±1 %), TorchScript for the
+per-micro-batch ops (±1 %), 1-2 images per call (1.09-1.5× slower: each oneDNN call costs
+~10-30 µs before any work), blocks of 5-17 teachers (1.03-1.18×), the loops swapped (teacher
+blocks outer, 1.06×). For few teachers see teachers.STACKED_MIN.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 
 import torch
@@ -44,6 +64,14 @@ from mrtf.refinery.fastpath import Pool2x2
 TEACHER_BLOCK = 25  # teachers per conv1 GEMM and grouped conv2
 GEMM_BUDGET = 2**20  # bytes of one conv1 GEMM's output: L2-sized (1 image at 25 teachers)
 ROWS_CONV2 = 32  # images per grouped conv2 call
+# The oneDNN path, K = 50, 2,048 images, 1 thread, interleaved runs at load 1.5-2.6 (the GEMM
+# path 1.41-1.79 s in the same runs): blocks of 25 teachers at 6 images per call 0.97-1.02 s,
+# 8: 0.99-1.07, 4: 1.00-1.06, 2: 1.14, 10-16: 1.03-1.17 (the conv1 map, 1.8 MB per image at 25
+# teachers, leaves L2 and then L3); blocks of 10 at 4-8 images 1.07-1.20 s, 5 at 8: 1.23, 50
+# at 2: 1.08 (each call costs ~10-30 µs before any work).
+ONEDNN_BLOCK = 25  # teachers per oneDNN conv call
+ONEDNN_ROWS = 6  # images per oneDNN conv call
+ENGINES = ("auto", "onednn", "gemm")
 
 
 def _plain(conv: nn.Module) -> bool:
@@ -126,19 +154,91 @@ class _Block:
         return torch.baddbmm(self.fb[2], z, self.fw[2])
 
 
-def stacked_forward(models: Sequence[nn.Module], probe: torch.Tensor,
-                    block: int = TEACHER_BLOCK, rows1: int | None = None,
-                    rows2: int = ROWS_CONV2) -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """``x (B, C, H, W) -> logits (K, B, classes)`` float32 for K same-shape zoo LeNets, or
-    None when they are not eligible or the result is not within 1e-4 × the logit scale of each
-    model's own forward on ``probe``."""
-    if probe.dim() != 4 or not eligible(models):
-        return None
+_MKLDNN = torch.ops.mkldnn
+
+
+def _onednn_available() -> bool:
+    """The private oneDNN op the path calls (inductor's fused linear) exists."""
+    return torch.backends.mkldnn.is_available() and hasattr(_MKLDNN, "_linear_pointwise")
+
+
+def _packed(weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor], pad: list[int],
+            groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Concatenated conv weights and biases as oneDNN tensors, the weights reordered once."""
+    w = torch.cat([x.detach() for x in weights]).contiguous().to_mkldnn()
+    w = torch._C._nn.mkldnn_reorder_conv2d_weight(w, pad, [1, 1], [1, 1], groups)
+    return w, torch.cat([b.detach() for b in biases]).to_mkldnn()
+
+
+class _OneDNNBlock:
+    """One teacher block in oneDNN's blocked layout (nChw16c: one 16-channel block = one
+    teacher's channels, so the grouped conv2 needs no reorder): conv1 of all teachers as one
+    1 → 16·n conv, oneDNN's 2×2 max-pool, ReLU, conv2 grouped, pool; the classifier per
+    teacher as oneDNN inner products (AVX-512; MKL's GEMM runs AVX2 on this AMD CPU: 92
+    GFLOP/s for a 2,048² mm against 214 for oneDNN's, and the (576, 25) @ (25, 800) conv1
+    GEMM of the GEMM path 93 against 194)."""
+
+    def __init__(self, models: Sequence[nn.Module]) -> None:
+        c1, c2 = [m.body[0] for m in models], [m.body[3] for m in models]
+        self.n = len(models)
+        self.pad1, self.pad2 = list(c1[0].padding), list(c2[0].padding)
+        # weights prepacked once in oneDNN's layout: conv2's (16·n × 16 × 5 × 5, 640 KB at
+        # n = 25) took 0.55 ms to reorder per call
+        self.w1, self.b1 = _packed([c.weight for c in c1], [c.bias for c in c1], self.pad1, 1)
+        self.w2, self.b2 = _packed([c.weight for c in c2], [c.bias for c in c2], self.pad2, self.n)
+        self.fc = [[(m.classifier[i].weight.detach().contiguous(), m.classifier[i].bias.detach())
+                    for i in (0, 2, 4)] for m in models]
+
+    def features(self, xm: torch.Tensor) -> torch.Tensor:
+        """``xm`` (b, C, H, W) mkldnn → (b, n, D) flattened conv maps in (c, h, w) order,
+        before the last ReLU."""
+        y = torch.mkldnn_convolution(xm, self.w1, self.b1, self.pad1, [1, 1], [1, 1], 1)
+        y = torch.relu_(F.max_pool2d(y, 2))  # pool before ReLU: exact, 4× fewer elements
+        h = torch.mkldnn_convolution(y, self.w2, self.b2, self.pad2, [1, 1], [1, 1], self.n)
+        h = F.max_pool2d(h, 2).to_dense()  # NCHW: teacher-major channels; ReLU in the copy
+        return h.view(len(h), self.n, -1)
+
+    def classify(self, z: torch.Tensor) -> torch.Tensor:
+        """``z`` (B, n, D) → logits (n, B, classes); per teacher, ReLUs fused (oneDNN reads
+        the strided (B, D) rows of a teacher as fast as contiguous ones: 13.9 against 14.0 ms)."""
+        out = []
+        for zi, ((w1, b1), (w2, b2), (w3, b3)) in zip(z.unbind(1), self.fc):
+            t = _MKLDNN._linear_pointwise(zi, w1, b1, "relu", [None], "")
+            t = _MKLDNN._linear_pointwise(t, w2, b2, "relu", [None], "")
+            out.append(_MKLDNN._linear_pointwise(t, w3, b3, "none", [], ""))
+        return torch.stack(out)
+
+
+def _onednn_run(models: Sequence[nn.Module], block: int, rows: int
+                ) -> Callable[[torch.Tensor], torch.Tensor]:
+    blocks = [_OneDNNBlock(models[i:i + block]) for i in range(0, len(models), block)]
+    # The (B, n, D) feature buffers (26 MB per block of 25 at B = 1,024) are kept between calls
+    # of the same B, per thread: allocated per call they came fresh from the OS, 14,000-29,000
+    # page faults per 2,048 images (none now; the time moved within the noise, ±5 %).
+    local = threading.local()
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        x = x.float()
+        zs: list[torch.Tensor] = getattr(local, "zs", [])
+        if not zs or len(zs[0]) != len(x):
+            zs = local.zs = []
+        for s in range(0, len(x), rows):
+            xm = x[s:s + rows].contiguous().to_mkldnn()
+            for j, blk in enumerate(blocks):
+                z = blk.features(xm)
+                if len(zs) == j:  # all B rows: the classifier's GEMMs want them together
+                    zs.append(torch.empty(len(x), blk.n, z.shape[2]))
+                torch.clamp_min(z, 0, out=zs[j][s:s + rows])
+        return torch.cat([blk.classify(z) for blk, z in zip(blocks, zs)])
+
+    return run
+
+
+def _gemm_run(models: Sequence[nn.Module], block: int, rows1: int | None, rows2: int
+              ) -> Callable[[torch.Tensor], torch.Tensor]:
     blocks = [_Block(models[i:i + block]) for i in range(0, len(models), block)]
     conv1 = models[0].body[0]
     k, pad = conv1.kernel_size[0], conv1.padding
-    if conv1.kernel_size[0] != conv1.kernel_size[1]:
-        return None
 
     def run(x: torch.Tensor) -> torch.Tensor:
         x = x.float()
@@ -151,11 +251,48 @@ def stacked_forward(models: Sequence[nn.Module], probe: torch.Tensor,
             out.append(torch.cat([blk.forward(u, shape, rows1) for blk in blocks]))
         return torch.cat(out, 1) if len(out) > 1 else out[0]
 
+    return run
+
+
+def _agrees(run: Callable[[torch.Tensor], torch.Tensor], models: Sequence[nn.Module],
+            probe: torch.Tensor) -> bool:
+    """Each teacher's logits within 1e-4 × its logit scale of the model's own on ``probe``."""
     with torch.inference_mode():
         got = run(probe)
         for i, m in enumerate(models):
             want = m(probe)
             scale = float(want.abs().max()) + 1.0
             if not torch.allclose(got[i], want, rtol=1e-4, atol=1e-4 * scale):
-                return None
-    return run
+                return False
+    return True
+
+
+def stacked_forward(models: Sequence[nn.Module], probe: torch.Tensor,
+                    block: int | None = None, rows1: int | None = None,
+                    rows2: int | None = None, engine: str = "auto"
+                    ) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """``x (B, C, H, W) -> logits (K, B, classes)`` float32 for K same-shape zoo LeNets, or
+    None when they are not eligible or the result is not within 1e-4 × the logit scale of each
+    model's own forward on ``probe``.
+
+    ``engine`` 'onednn' (blocked-layout oneDNN convs; ``block`` teachers and ``rows2`` images
+    per call), 'gemm' (the shared-unfold GEMM; also ``rows1`` images per conv1 GEMM) or 'auto'
+    (oneDNN when its ops exist and agree on ``probe``, else the GEMM path)."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if probe.dim() != 4 or not eligible(models):
+        return None
+    conv1 = models[0].body[0]
+    if conv1.kernel_size[0] != conv1.kernel_size[1]:
+        return None
+    if engine != "gemm" and _onednn_available():
+        try:
+            run = _onednn_run(models, block or ONEDNN_BLOCK, rows2 or ONEDNN_ROWS)
+            if _agrees(run, models, probe):
+                return run
+        except (RuntimeError, AttributeError):  # a oneDNN op this build lacks: the GEMM path
+            pass
+    if engine == "onednn":
+        return None
+    run = _gemm_run(models, block or TEACHER_BLOCK, rows1, rows2 or ROWS_CONV2)
+    return run if _agrees(run, models, probe) else None

@@ -6,9 +6,10 @@ On CUDA each teacher runs in turn on big chunks (a stacked ``vmap`` pass is an o
 slower on an H100, :func:`resolve_stack`); on CPU, groups of zoo LeNet / ConvNet /
 MLPNet teachers take the exact fast path of fastpath.py (cache-sized micro-batches,
 channels-last, max-pool before ReLU: ~5x the plain loop, measured there), and groups of 16 or
-more LeNets stacked.py (all first convs as one GEMM, grouped conv2: 5.4-5.9x the loop at K = 50,
-1.15-1.19x fastpath.py; same argmax, logits within 1e-4 × their scale). Any other group falls
-back to a loop over its models. Memory is the (K, M, C) output plus one chunk: it does not
+more LeNets stacked.py (all first convs as one oneDNN conv, grouped conv2, in oneDNN's blocked
+layout: 6.4-7.7x the loop at K = 50, 1.6-1.7x fastpath.py; same argmax, logits within 1e-4 ×
+their scale). Any other group falls back to a loop over its models. Memory is the (K, M, C)
+output plus one chunk (and stacked.py's features of one chunk, kept per thread): it does not
 otherwise grow with M. :class:`TeacherChunks` yields the same outputs chunk by chunk (the
 streaming refinery, streaming.py, spills them), reading the next chunk in a thread meanwhile. On
 a loaded 2-core machine run it with 1 thread: with 2 OpenMP threads beside other jobs the fast
@@ -35,9 +36,12 @@ from mrtf.refinery.stacked import stacked_forward
 
 STD_MODES = ("global", "batch")
 STACK_MODES = ("auto", "fast", "vmap", "nhwc", "loop")
-# LeNet groups of at least this many take stacked.py (fp32). Its shared unfold and narrow
-# GEMMs do not pay off for few teachers: against fastpath.py (512 images, 1 thread, load ~4,
-# interleaved) K = 1: 0.45x, 2: 0.7x, 5: 0.9x, 11 and 16: 1.0x, 25: 1.13x, 50: 1.09-1.46x.
+# LeNet groups of at least this many take stacked.py (fp32). Its GEMM engine's shared unfold
+# and narrow GEMMs do not pay off for few teachers: against fastpath.py (512 images, 1 thread,
+# load ~4, interleaved) K = 1: 0.45x, 2: 0.7x, 5: 0.9x, 11 and 16: 1.0x, 25: 1.13x, 50:
+# 1.09-1.46x. Its oneDNN engine (the default now) was faster from K = 2 on (512 images, load
+# ~3: K = 1 0.74x, 2 1.08x, 5 1.5x, 10 1.85x, 16 and 25 1.75x); kept at 16: lower, it would
+# move the K = 10 runs' teacher logits (and documented results) in their last bits.
 STACKED_MIN = 16
 
 
@@ -96,7 +100,7 @@ def _looped_forward(models: Sequence[nn.Module], channels_last: bool = False
 
 def resolve_stack(stack: str | bool, device: torch.device) -> str:
     """'auto' → 'loop' on CUDA, 'fast' on CPU (fastpath.py,
-    and stacked.py for ≥ 16 LeNets: 5.4-5.9x the plain loop at K = 50; fastpath.py alone
+    and stacked.py for ≥ 16 LeNets: 6.4-7.7x the plain loop at K = 50; fastpath.py alone
     4.4-6.0x the plain loop for K = 10 and 50 LeNets, where a channels-last loop at
     batch 1,024 is 1.6-1.8x, bench/refine_speed.py --compare; vmap was 0.36x that loop in issue
     14's measurement). On an H100 the loop over models at 8,192 images per forward beat the
@@ -129,7 +133,7 @@ def _group_forwards(models: Sequence[nn.Module], mode: str, probe: torch.Tensor,
         fwd, kind = _looped_forward(group, nhwc), "loop"
         fast = None
         if mode == "fast" and precision == "fp32" and len(group) >= STACKED_MIN:
-            fast = stacked_forward(group, probe)  # LeNets: one GEMM for all first convs
+            fast = stacked_forward(group, probe)  # LeNets: one conv for all first convs
         if mode == "fast" and fast is None:
             fast = fast_forward(group, probe, precision)
         if fast is not None:
