@@ -107,7 +107,7 @@ def test_trained_lenets_on_digits(trained):
 def test_teacher_logits_routes_lenet_groups(trained, monkeypatch):
     import mrtf.refinery.teachers as teachers
 
-    monkeypatch.setattr(teachers, "STACKED_MIN", 2)  # (16 by default: few teachers here)
+    monkeypatch.setattr(teachers, "STACKED_MIN", 2)  # the default; pinned for this test
     models, x, _ = trained
     src = ArraySource(x[:130].numpy())
     fast = teacher_logits(models + [build_model("mlp", 10, in_channels=1, image_size=8)],

@@ -6,7 +6,7 @@ jobs beside (load average in brackets). Against the plain loop at batch 1,024: K
 and 6.0× (1.7); K=50 5.4× (5.8), 4.4× (1.8), 4.51× (4-5) and 5.14× (~1, 1.63 s against
 8.35 s); the channels-last loop at 1,024 (the old 'auto') is 1.4-1.8×. The path reaches
 ~65-86 GFLOP/s, 35-52 % of what a big 3×3 conv reached in the same run (123-215 GFLOP/s);
-bf16 4.9-7.3× the loop. For groups of ≥ 16 LeNets, stacked.py is used instead (all first convs
+bf16 4.9-7.3× the loop. For groups of ≥ 2 LeNets, stacked.py is used instead (all first convs
 as one oneDNN conv, grouped conv2, in oneDNN's blocked layout): 6.4-7.7× the loop, 1.6-1.7×
 this path at K=50 in the same runs (its older GEMM engine: 5.91× and 5.36×, 1.15× and 1.19×).
 

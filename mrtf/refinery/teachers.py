@@ -5,7 +5,7 @@ computed exactly once, in ``torch.inference_mode``, streaming the target set in 
 On CUDA each teacher runs in turn on big chunks (a stacked ``vmap`` pass is an option: it was
 slower on an H100, :func:`resolve_stack`); on CPU, groups of zoo LeNet / ConvNet /
 MLPNet teachers take the exact fast path of fastpath.py (cache-sized micro-batches,
-channels-last, max-pool before ReLU: ~5x the plain loop, measured there), and groups of 16 or
+channels-last, max-pool before ReLU: ~5x the plain loop, measured there), and groups of 2 or
 more LeNets stacked.py (all first convs as one oneDNN conv, grouped conv2, in oneDNN's blocked
 layout: 6.4-7.7x the loop at K = 50, 1.6-1.7x fastpath.py; same argmax, logits within 1e-4 ×
 their scale). Any other group falls back to a loop over its models. Memory is the (K, M, C)
@@ -36,13 +36,11 @@ from mrtf.refinery.stacked import stacked_forward
 
 STD_MODES = ("global", "batch")
 STACK_MODES = ("auto", "fast", "vmap", "nhwc", "loop")
-# LeNet groups of at least this many take stacked.py (fp32). Its GEMM engine's shared unfold
-# and narrow GEMMs do not pay off for few teachers: against fastpath.py (512 images, 1 thread,
-# load ~4, interleaved) K = 1: 0.45x, 2: 0.7x, 5: 0.9x, 11 and 16: 1.0x, 25: 1.13x, 50:
-# 1.09-1.46x. Its oneDNN engine (the default now) was faster from K = 2 on (512 images, load
-# ~3: K = 1 0.74x, 2 1.08x, 5 1.5x, 10 1.85x, 16 and 25 1.75x); kept at 16: lower, it would
-# move the K = 10 runs' teacher logits (and documented results) in their last bits.
-STACKED_MIN = 16
+# LeNet groups of at least this many take stacked.py (fp32): its oneDNN engine beat fastpath.py
+# from K = 2 on (512 images, load ~3: K = 1 0.74x, 2 1.08x, 5 1.5x, 10 1.85x, 16-25 1.75x);
+# at K = 10, 2,048 images, idle: 7.91x the loop against fastpath.py's 4.85x
+# (bench/results/teacher_compare-K10.json). Its older GEMM engine needed 16.
+STACKED_MIN = 2
 
 
 @dataclass
@@ -99,15 +97,12 @@ def _looped_forward(models: Sequence[nn.Module], channels_last: bool = False
 
 
 def resolve_stack(stack: str | bool, device: torch.device) -> str:
-    """'auto' → 'loop' on CUDA, 'fast' on CPU (fastpath.py,
-    and stacked.py for ≥ 16 LeNets: 6.4-7.7x the plain loop at K = 50; fastpath.py alone
-    4.4-6.0x the plain loop for K = 10 and 50 LeNets, where a channels-last loop at
-    batch 1,024 is 1.6-1.8x, bench/refine_speed.py --compare; vmap was 0.36x that loop in issue
-    14's measurement). On an H100 the loop over models at 8,192 images per forward beat the
-    stacked vmap pass (K = 50 LeNets: 730 against 804 ms for 65,536 images, 4.5M model-samples/s,
-    bench/gpu_teachers.py), and each teacher's logits then do not depend on which others run
-    beside it (the refine and streaming paths group the teachers differently). True → 'vmap',
-    False → 'loop'."""
+    """'auto' → 'fast' on CPU (stacked.py for ≥ 2 LeNets: 7.9x the plain loop at K = 10 and
+    up to 8.0x at K = 50; else fastpath.py, 4.4-6.0x; bench/refine_speed.py --compare), 'loop'
+    on CUDA: on an H100 the loop at 8,192 images per forward beat the stacked vmap pass (K = 50
+    LeNets: 735 against 803 ms for 65,536 images, bench/gpu_teachers.py), and each teacher's
+    logits then do not depend on which others run beside it (the refine and streaming paths
+    group them differently). True → 'vmap', False → 'loop'."""
     if stack is True or stack is False:
         return "vmap" if stack else "loop"
     if stack not in STACK_MODES:
