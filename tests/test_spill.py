@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
+from mrtf.refinery.prefetch import prefetched
 from mrtf.refinery.spill import Scratch, TeacherMajor
-from mrtf.refinery.teachers import global_stds, prefetched
+from mrtf.refinery.teachers import global_stds
 
 
 def test_spill_round_trip_and_cleanup(tmp_path):

@@ -40,7 +40,7 @@ from mrtf.refinery.teachers import (
     stabilized_probs,
     teacher_logits,
 )
-from mrtf.refinery.trusted import apply_trust, calibration_of, signals_of, trust_on
+from mrtf.refinery.trusted import apply_trust, calibrated, signals_of, trust_on
 
 __all__ = ["METHODS", "METHOD_SPECS", "VARIANTS", "RefineConfig", "RefineResult", "refine"]
 
@@ -313,14 +313,8 @@ def refine(received, source, config: RefineConfig | None = None,
     if "novelty" in extra:
         info["novelty"] = {**asdict(extra["novelty"]), "line": extra["novelty"].line()}
     t0 = time.perf_counter()
-    cal = calibration_of(probs, signals)
-    # the label-free estimate of the labels' accuracy (mrtf.trust.calibration); the
-    # consensus' own view, optimistic where the models are weak, stays under "consensus_view"
-    info["estimated_accuracy"] = {
-        "refined": cal.estimated_accuracy, "plus_minus": cal.plus_minus, "method": cal.method,
-        "averaged": None if signals is None else calibration_of(before, signals)
-        .estimated_accuracy, "consensus_view": info.get("estimated_accuracy")}
-    info["calibration"] = cal.attrs()
+    cal, entries = calibrated(probs, before, signals, info.get("estimated_accuracy"))
+    info.update(entries)
     timings["calibration"] += time.perf_counter() - t0
     if trusted is not None:
         info["reliability"] = [p.to_dict() for p in trusted.report.parties]

@@ -42,7 +42,7 @@ from mrtf.refinery.distill import distill
 from mrtf.refinery.spill import Scratch, SpillArray, TeacherMajor
 from mrtf.refinery.streaming_adaptive import adaptive_targets_blocks
 from mrtf.refinery.teachers import TeacherChunks, _softmax_np
-from mrtf.refinery.trusted import calibration_of, trust_on, with_neighbours
+from mrtf.refinery.trusted import calibrated, trust_on, with_neighbours
 
 if TYPE_CHECKING:  # pipeline imports this module lazily; no import cycle at run time
     from mrtf.refinery.pipeline import RefineResult
@@ -168,13 +168,8 @@ def refine_streaming(received, source, config: RefineConfig,
         notes.append(f"streaming path (large target): {STREAMING_GAPS} are not applied "
                      "on it yet; --stream off refines in memory with them")
     t0 = time.perf_counter()
-    cal = calibration_of(probs, local)
-    info["estimated_accuracy"] = {"refined": cal.estimated_accuracy,
-                                  "plus_minus": cal.plus_minus, "method": cal.method,
-                                  "averaged": None if local is None else
-                                  calibration_of(before, local).estimated_accuracy,
-                                  "consensus_view": info.get("estimated_accuracy")}
-    info["calibration"] = cal.attrs()
+    cal, entries = calibrated(probs, before, local, info.get("estimated_accuracy"))
+    info.update(entries)
     timings["calibration"] += time.perf_counter() - t0
     return pl.RefineResult(model.eval().cpu(), probs, targets, before, info, timings, cal)
 

@@ -32,6 +32,7 @@ from torch.func import functional_call, stack_module_state, vmap
 from mrtf.device import pick_device
 from mrtf.errors import InputError
 from mrtf.refinery.fastpath import PRECISIONS, fast_features, fast_forward
+from mrtf.refinery.prefetch import host_chunks, prefetched
 from mrtf.refinery.stacked import stacked_forward
 
 STD_MODES = ("global", "batch")
@@ -213,7 +214,7 @@ class TeacherChunks:
         bar = tqdm(total=len(self.source), desc=f"teachers ×{len(self.models)}",
                    unit="sample", leave=False, disable=not self.progress)
         with bar:
-            for start, chunk in prefetched(_host_chunks(self.source, self.batch_size,
+            for start, chunk in prefetched(host_chunks(self.source, self.batch_size,
                                                          self.dev)):
                 bar.update(len(chunk))
                 with torch.inference_mode():
@@ -253,60 +254,6 @@ class TeacherChunks:
                                     self.precision)]
         self.kinds = [k for _, _, k in forwards]
         return forwards, fused
-
-
-def _host_chunks(source, batch_size: int, dev: torch.device):
-    """``(start, tensor)`` chunks of ``source`` on the host. For CUDA they are copied into
-    page-locked memory here, in the reader thread of :func:`prefetched`, so the host-to-device
-    copy can run asynchronously (``non_blocking``) instead of through a staging buffer."""
-    for start, chunk in source.chunks(batch_size):
-        x = torch.from_numpy(np.ascontiguousarray(chunk))
-        yield start, (x.pin_memory() if dev.type == "cuda" else x)
-
-
-def prefetched(chunks, depth: int = 2):
-    """The items of ``chunks``, produced by a reader thread up to ``depth`` ahead: HDF5 reads
-    and the uint8 → float32 scaling overlap the teachers' forward (torch releases the GIL).
-    The reader's exception is raised here, in order."""
-    import queue
-    import threading
-
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    done = object()
-    stop = threading.Event()
-
-    def put(item) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def read() -> None:
-        try:
-            for item in chunks:
-                if not put(item):
-                    return
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
-            put(exc)
-            return
-        put(done)
-
-    worker = threading.Thread(target=read, daemon=True)
-    worker.start()
-    try:
-        while True:
-            item = q.get()
-            if item is done:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        worker.join()
 
 
 #: rows per block of :func:`global_stds` (a fixed block: the float64 sums, and so Eq. 6's

@@ -44,6 +44,18 @@ def calibration_of(probs: np.ndarray, signals):
     return calibrate(probs, signals)
 
 
+def calibrated(probs: np.ndarray, before: np.ndarray, signals, consensus_view) -> tuple:
+    """The labels' calibration and the info entries both refine paths report: the label-free
+    estimate of the labels' accuracy (mrtf.trust.calibration), of θ_{t+1}'s before refinement,
+    and the consensus' own view (optimistic where the models are weak)."""
+    cal = calibration_of(probs, signals)
+    averaged = None if signals is None else calibration_of(before, signals).estimated_accuracy
+    return cal, {"estimated_accuracy": {"refined": cal.estimated_accuracy,
+                                        "plus_minus": cal.plus_minus, "method": cal.method,
+                                        "averaged": averaged, "consensus_view": consensus_view},
+                 "calibration": cal.attrs()}
+
+
 def trust_on(config: RefineConfig) -> bool:
     return config.method == "adaptive" if config.trust is None else bool(config.trust)
 
