@@ -290,7 +290,8 @@ def stacked_forward(models: Sequence[nn.Module], probe: torch.Tensor,
             run = _onednn_run(models, block or ONEDNN_BLOCK, rows2 or ONEDNN_ROWS)
             if _agrees(run, models, probe):
                 return run
-        except (RuntimeError, AttributeError):  # a oneDNN op this build lacks: the GEMM path
+        except (RuntimeError, AttributeError, TypeError):  # an op this build lacks or spells
+            # differently: the GEMM path
             pass
     if engine == "onednn":
         return None
