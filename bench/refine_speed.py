@@ -144,7 +144,9 @@ def _paths(models, x):
     return {"loop@1024": chunked(_looped_forward(models), 1024),
             "nhwc@1024 (older auto)": chunked(_looped_forward(models, True), 1024),
             "fast per-teacher (old auto)": chunked(fast_forward(models, x[:8]), 1024),
-            "stacked (new auto)": chunked(stacked_forward(models, x[:8]), 1024),
+            "stacked oneDNN": chunked(stacked_forward(models, x[:8], engine="onednn"), 1024),
+            "stacked native (auto)": chunked(stacked_forward(models, x[:8], engine="native"),
+                                             1024),
             "fast bf16": chunked(fast_forward(models, x[:8], "bf16"), 1024)}
 
 
@@ -246,7 +248,7 @@ def _compare_main(args) -> None:
               f"load {r['load'][0]:.1f}; {r['flop_per_sample']:,} FLOP/sample; peak mm "
               f"{r['peak']['mm_gflops']:.0f} / conv {r['peak']['conv_gflops']:.0f} GFLOP/s")
         for name, p in r["paths"].items():
-            print(f"  {name:22s} {p['s']:7.3f}s  x{p['speedup_vs_loop']:5.2f} vs loop  "
+            print(f"  {name:27s} {p['s']:7.3f}s  x{p['speedup_vs_loop']:5.2f} vs loop  "
                   f"{p['gflops']:6.1f} GFLOP/s = {100 * p['fraction_of_peak']:4.1f}% of peak  "
                   f"max|d| {p['max_abs_diff']:.1e}  argmax {100 * p['argmax_agreement']:.2f}%")
     out = Path(args.out).with_name("teacher_compare.json")

@@ -8,6 +8,7 @@ from torch import nn
 
 from mrtf.io.hdf5 import ArraySource
 from mrtf.models import build_model
+from mrtf.refinery.native import library
 from mrtf.refinery.stacked import _onednn_available, _pooled_unfold, eligible, stacked_forward
 from mrtf.refinery.teachers import teacher_logits
 
@@ -22,7 +23,9 @@ def _lenets(k: int, seed: int = 0, **kw) -> list[nn.Module]:
     return models
 
 
-ENGINES = ["onednn", "gemm"]
+NATIVE = pytest.param("native", marks=pytest.mark.skipif(
+    library() is None, reason="no C compiler or no AVX-512: the kernel is not built here"))
+ENGINES = [NATIVE, "onednn", "gemm"]
 
 
 def _check(models, x, **kw) -> None:
@@ -58,12 +61,17 @@ def test_odd_conv_map_and_channels(engine):
 
 
 @pytest.mark.skipif(not _onednn_available(), reason="this torch build lacks the oneDNN ops")
-def test_fifty_teachers_onednn_default_blocks():
+def test_fifty_teachers_onednn_default_blocks(monkeypatch):
     # the shape the bench times: K = 50 (two blocks of 25), 28 px, micro-batches of 8 images
     # that do not divide the 37 images; logits vs the plain loop, and the default engine
     torch.manual_seed(5)
     models, x = _lenets(50, 5), torch.rand(37, 1, 28, 28)
     _check(models, x, engine="onednn")
+    default = stacked_forward(models, x[:4]).__qualname__
+    assert default.startswith("_native_run" if library() is not None else "_onednn_run")
+    import mrtf.refinery.stacked as stacked
+
+    monkeypatch.setattr(stacked, "native_features", lambda models: None)  # no kernel here
     assert stacked_forward(models, x[:4]).__qualname__.startswith("_onednn_run")
 
 
@@ -98,7 +106,7 @@ def trained():
 
 def test_trained_lenets_on_digits(trained):
     models, x, y = trained
-    for engine in ENGINES:  # 8 px, padding 2 in both convs
+    for engine in ["native"] * (library() is not None) + ["onednn", "gemm"]:  # 8 px, padding 2
         _check(models, x[:301], engine=engine)
     with torch.inference_mode():
         assert (models[0](x).argmax(-1) == y).float().mean() > 0.5  # trained-ish
@@ -133,3 +141,12 @@ def test_not_eligible():
     assert stacked_forward(_lenets(2), torch.rand(2, 784)) is None  # not an image batch
     with pytest.raises(ValueError, match="engine"):
         stacked_forward(_lenets(2), torch.rand(2, 1, 28, 28), engine="cuda")
+
+
+@pytest.mark.skipif(library() is None, reason="no C compiler or no AVX-512: no kernel here")
+def test_native_slices_a_big_batch(monkeypatch):
+    import mrtf.refinery.stacked as stacked
+
+    monkeypatch.setattr(stacked, "NATIVE_BUDGET", 1)  # 64 images per slice: 150 → 3 slices
+    torch.manual_seed(6)
+    _check(_lenets(3, 6), torch.rand(150, 1, 28, 28), engine="native")

@@ -55,6 +55,7 @@ from torch import nn
 
 from mrtf.models.zoo import LeNet
 from mrtf.refinery.fastpath import Pool2x2
+from mrtf.refinery.native import native_features
 
 # Tuned at K = 50 on 512-1,024 images, 1 thread, interleaved, load 3-5: blocks of 10 teachers
 # made the conv1 GEMM too narrow (160 columns: whole path 0.88x of 25), 50 was within ±10 %
@@ -71,7 +72,10 @@ ROWS_CONV2 = 32  # images per grouped conv2 call
 # at 2: 1.08 (each call costs ~10-30 µs before any work).
 ONEDNN_BLOCK = 25  # teachers per oneDNN conv call
 ONEDNN_ROWS = 6  # images per oneDNN conv call
-ENGINES = ("auto", "onednn", "gemm")
+# The native engine's features of one slice of images, (rows, K, D) float32: 32 MiB (655
+# images at K = 50); the whole 1,024-image chunk would be 50 MB, and 200 at 4,096.
+NATIVE_BUDGET = 2**25
+ENGINES = ("auto", "native", "onednn", "gemm")
 
 
 def _plain(conv: nn.Module) -> bool:
@@ -186,8 +190,7 @@ class _OneDNNBlock:
         # n = 25) took 0.55 ms to reorder per call
         self.w1, self.b1 = _packed([c.weight for c in c1], [c.bias for c in c1], self.pad1, 1)
         self.w2, self.b2 = _packed([c.weight for c in c2], [c.bias for c in c2], self.pad2, self.n)
-        self.fc = [[(m.classifier[i].weight.detach().contiguous(), m.classifier[i].bias.detach())
-                    for i in (0, 2, 4)] for m in models]
+        self.fc = _classifiers(models)
 
     def features(self, xm: torch.Tensor) -> torch.Tensor:
         """``xm`` (b, C, H, W) mkldnn → (b, n, D) flattened conv maps in (c, h, w) order,
@@ -199,14 +202,62 @@ class _OneDNNBlock:
         return h.view(len(h), self.n, -1)
 
     def classify(self, z: torch.Tensor) -> torch.Tensor:
-        """``z`` (B, n, D) → logits (n, B, classes); per teacher, ReLUs fused (oneDNN reads
-        the strided (B, D) rows of a teacher as fast as contiguous ones: 13.9 against 14.0 ms)."""
-        out = []
-        for zi, ((w1, b1), (w2, b2), (w3, b3)) in zip(z.unbind(1), self.fc):
+        return _classify(z, self.fc)
+
+
+def _classify(z: torch.Tensor, fc: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]]]
+              ) -> torch.Tensor:
+    """``z`` (B, n, D) → logits (n, B, classes); per teacher, ReLUs fused, as oneDNN inner
+    products where torch has them (oneDNN reads the strided (B, D) rows of a teacher as fast as
+    contiguous ones: 13.9 against 14.0 ms), else ``F.linear``."""
+    out = []
+    onednn = _onednn_available()
+    for zi, ((w1, b1), (w2, b2), (w3, b3)) in zip(z.unbind(1), fc):
+        if onednn:
             t = _MKLDNN._linear_pointwise(zi, w1, b1, "relu", [None], "")
             t = _MKLDNN._linear_pointwise(t, w2, b2, "relu", [None], "")
             out.append(_MKLDNN._linear_pointwise(t, w3, b3, "none", [], ""))
-        return torch.stack(out)
+        else:
+            t = F.linear(F.linear(zi, w1, b1).clamp_min_(0), w2, b2).clamp_min_(0)
+            out.append(F.linear(t, w3, b3))
+    return torch.stack(out)
+
+
+def _classifiers(models: Sequence[nn.Module], hw: tuple[int, int] | None = None
+                 ) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Each teacher's three (weight, bias); with ``hw`` = the last map's (h, w), the first
+    weight's columns reordered from (c, h, w) to (h, w, c), the native kernel's order."""
+    fc = [[(m.classifier[i].weight.detach().contiguous(), m.classifier[i].bias.detach())
+           for i in (0, 2, 4)] for m in models]
+    if hw is not None:
+        for f in fc:
+            w, b = f[0]
+            f[0] = (w.view(len(w), -1, *hw).permute(0, 2, 3, 1).reshape(len(w), -1).contiguous(), b)
+    return fc
+
+
+def _native_run(models: Sequence[nn.Module], probe: torch.Tensor
+                ) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The compiled kernel's conv features (native.py), then the classifiers, over slices of
+    at most :data:`NATIVE_BUDGET` bytes of features."""
+    feats = native_features(models)
+    if feats is None:
+        return None
+    try:
+        z = feats(probe[:1])
+    except ValueError:  # images too small for the kernel's maps
+        return None
+    h = models[0].body[:-1](probe[:1].float())  # the last map's shape, by the model itself
+    if z.shape[2] != h[0].numel():
+        return None
+    fc = _classifiers(models, tuple(h.shape[2:]))
+    rows = max(64, NATIVE_BUDGET // z[0].numel() // 4)
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        out = [_classify(feats(x[s:s + rows]), fc) for s in range(0, len(x), rows)]
+        return torch.cat(out, 1) if len(out) > 1 else out[0]
+
+    return run
 
 
 def _onednn_run(models: Sequence[nn.Module], block: int, rows: int
@@ -285,7 +336,13 @@ def stacked_forward(models: Sequence[nn.Module], probe: torch.Tensor,
     conv1 = models[0].body[0]
     if conv1.kernel_size[0] != conv1.kernel_size[1]:
         return None
-    if engine != "gemm" and _onednn_available():
+    if engine in ("auto", "native"):
+        run = _native_run(models, probe)
+        if run is not None and _agrees(run, models, probe):
+            return run
+        if engine == "native":
+            return None
+    if engine in ("auto", "onednn") and _onednn_available():
         try:
             run = _onednn_run(models, block or ONEDNN_BLOCK, rows2 or ONEDNN_ROWS)
             if _agrees(run, models, probe):
