@@ -111,10 +111,10 @@ def native_features(models: Sequence[nn.Module]
     the GIL)."""
     lib = library()
     c1, c2 = models[0].body[0], models[0].body[3]
-    if lib is None or c1.kernel_size != (5, 5) or c2.kernel_size != (5, 5) or \
-            c1.out_channels != CHANNELS or c2.in_channels != CHANNELS or \
-            c2.out_channels != CHANNELS or c1.padding[0] != c1.padding[1] or \
-            c2.padding[0] != c2.padding[1]:
+    shapes = (c1.kernel_size, c2.kernel_size, c1.out_channels, c2.in_channels, c2.out_channels)
+    if lib is None or c1.weight.device.type != "cpu" or \
+            shapes != ((5, 5), (5, 5), CHANNELS, CHANNELS, CHANNELS) or \
+            c1.padding[0] != c1.padding[1] or c2.padding[0] != c2.padding[1]:
         return None
     k, cin, pad1, pad2 = len(models), c1.in_channels, c1.padding[0], c2.padding[0]
     w1 = _aligned(torch.stack([m.body[0].weight.detach().permute(1, 2, 3, 0) for m in models])
@@ -134,6 +134,8 @@ def native_features(models: Sequence[nn.Module]
         assert rc == 0, "map sizes are checked before the call"
 
     def run(x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu":  # the kernel reads host memory
+            raise ValueError(f"the LeNet kernel runs on CPU tensors, got {x.device}")
         x = x.float()
         if pad1:
             x = F.pad(x, (pad1,) * 4)

@@ -1,5 +1,16 @@
-"""All K zoo LeNet teachers in one pass on CPU: both convolutions over blocks of teachers, in
-oneDNN's blocked layout (the default), or the first as one GEMM over a shared unfold (fallback).
+"""All K zoo LeNet teachers in one pass on CPU. Three engines, tried in this order: the compiled
+kernel (native.py), both convolutions over blocks of teachers in oneDNN's blocked layout, or
+the first as one GEMM over a shared unfold; each must agree with the models on a probe.
+
+**Native engine** (where a C compiler and AVX-512 exist: native.py builds lenet_kernel.c at
+first use). Per image and teacher, conv1's four outputs of each 2×2 pool window are summed
+in registers and maxed there, so conv1's map is never written; the pooled 12×12×16 map stays
+in L1 for conv2, pooled the same way. Every multiply-add is one AVX-512 FMA (16 channels =
+one vector). The features come out in (h, w, c) order, so each teacher's first classifier
+weight has its columns reordered once; the classifier runs as oneDNN inner products (below).
+It removes what capped the oneDNN engine: conv1's map going through L3 to a separate pool
+(oneDNN refuses a max-pool as a fused post-op). Images are split between threads, one image
+whole per thread, so its logits do not depend on the thread count.
 
 **oneDNN engine.** The K teachers see the same image, so their first convolutions are one conv
 with 1 input and 16·n output channels per block of n = 25 teachers. Its output stays in
@@ -25,13 +36,28 @@ Sums are ordered differently from the model's own layers, so logits are not bit-
 measured in the bench).
 
 Measured (``bench/refine_speed.py --compare --K 50 --threads 1 --repeats 5``, 50 random LeNets ×
-2,048 images, interleaved in one process, ``bench/results/teacher_compare-K50.json``, six runs
-on 2026-11-23): no other process running, 0.961 s = 7.99× the plain loop (7.68 s) and 1.76×
+2,048 images, interleaved in one process, ``bench/results/teacher_compare-K50.json``): the
+native engine 0.69-0.71 s in three idle runs on 2026-11-23 = 12.6×, 11.0× and 8.1× the plain
+loop (the loop's own time moved 5.7-8.7 s; four earlier runs that day 8.1-13.4×), 198-203
+GFLOP/s = 89-91 % of the big conv's rate, max |Δlogit| 7.8e-8, argmax 100 %; 1.35-1.38× the
+oneDNN engine. At K = 10: 12.1× the loop, 91 %.
+
+Native engine, what the time goes to (K = 50, 2,048 images, 1 thread): the kernel 0.67 s
+(conv FLOPs at ~196 GFLOP/s), the classifiers 0.065 s (~130 GFLOP/s). The kernel is near the
+FMA limit: each FMA takes its input as a broadcast load and every 16 FMAs one weight load, so
+two loads per cycle are about what two FMAs per cycle need. Tuned: 4 pool windows per conv2
+block (16 accumulators; 2 windows 5 % slower, 3 windows 17 %), 2 per conv1 block; slices of
+32 MiB of features (:data:`NATIVE_BUDGET`; 8-128 MiB within ±5 %). Built without AVX-512
+(``-march=haswell``) the kernel ran 15× slower (its 16-float accumulators spill), so it is
+not built there.
+
+oneDNN engine, the default before (same bench, six runs on 2026-11-23, now ``runs_onednn``
+there): no other process running, 0.961 s = 7.99× the plain loop (7.68 s) and 1.76×
 fastpath.py, 145 GFLOP/s = 67 % of the big conv's 218 in the same run; two more such runs
 7.68× and 7.34× (loop 8.59 and 7.23 s: the VM's own speed moves); beside one other job (load
 1.1-1.9) 7.40×, beside more (load 2.7, 4.3) 6.50× and 6.36×; 1.57-1.76× fastpath.py in all
 six. Max |Δlogit| 7.5e-8,
-argmax 100 %. The issue's ≥ 8× is not met: 7.99× at best. Against the GEMM engine,
+argmax 100 %. Against the GEMM engine,
 interleaved in one process: 1.34-1.58× faster (1.39 s against 0.92-0.98 s idle). Profile
 (torch.profiler, self time, load ~1.6): oneDNN's grouped conv2 42 % (~154 GFLOP/s), conv1 30 %
 (~121), the conv1 max-pool 11 % (a bandwidth pass over the 4× map: 1.8 MB per image at 25

@@ -6,10 +6,11 @@ On CUDA each teacher runs in turn on big chunks (a stacked ``vmap`` pass is an o
 slower on an H100, :func:`resolve_stack`); on CPU, groups of zoo LeNet / ConvNet /
 MLPNet teachers take the exact fast path of fastpath.py (cache-sized micro-batches,
 channels-last, max-pool before ReLU: ~5x the plain loop, measured there), and groups of 2 or
-more LeNets stacked.py (all first convs as one oneDNN conv, grouped conv2, in oneDNN's blocked
-layout: 6.4-7.7x the loop at K = 50, 1.6-1.7x fastpath.py; same argmax, logits within 1e-4 ×
-their scale). Any other group falls back to a loop over its models. Memory is the (K, M, C)
-output plus one chunk (and stacked.py's features of one chunk, kept per thread): it does not
+more LeNets stacked.py (a compiled kernel that keeps both convolutions and pools of an image in
+cache, where a C compiler and AVX-512 exist: 8.1-12.6x the loop at K = 50; else oneDNN:
+6.4-8.0x; same argmax, logits within 1e-4 × their scale). Any other group falls back to a loop
+over its models. Memory is the (K, M, C) output plus one chunk (and stacked.py's features of at
+most 32 MiB of a chunk, or with oneDNN of one chunk, kept per thread): it does not
 otherwise grow with M. :class:`TeacherChunks` yields the same outputs chunk by chunk (the
 streaming refinery, streaming.py, spills them), reading the next chunk in a thread meanwhile. On
 a loaded 2-core machine run it with 1 thread: with 2 OpenMP threads beside other jobs the fast
@@ -98,8 +99,8 @@ def _looped_forward(models: Sequence[nn.Module], channels_last: bool = False
 
 
 def resolve_stack(stack: str | bool, device: torch.device) -> str:
-    """'auto' → 'fast' on CPU (stacked.py for ≥ 2 LeNets: 7.9x the plain loop at K = 10 and
-    up to 8.0x at K = 50; else fastpath.py, 4.4-6.0x; bench/refine_speed.py --compare), 'loop'
+    """'auto' → 'fast' on CPU (stacked.py for ≥ 2 LeNets: 12.1x the plain loop at K = 10 and
+    8.1-12.6x at K = 50; else fastpath.py, 4.4-6.0x; bench/refine_speed.py --compare), 'loop'
     on CUDA: on an H100 the loop at 8,192 images per forward beat the stacked vmap pass (K = 50
     LeNets: 735 against 803 ms for 65,536 images, bench/gpu_teachers.py), and each teacher's
     logits then do not depend on which others run beside it (the refine and streaming paths
