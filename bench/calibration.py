@@ -35,7 +35,7 @@ from mrtf.trust.calibration import (
     fallback_features,
     features,
 )
-from mrtf.trust.metrics import ece
+from mrtf.trust.metrics import ece, ece_floor
 from mrtf.trust.neighbours import target_neighbours
 from mrtf.trust.selective import select
 
@@ -140,6 +140,14 @@ def loso(cells: dict[str, dict], c: float = 0.05) -> dict[str, float]:
     return est
 
 
+def perfect_above(conf: np.ndarray, bar: float, draws: int = 1000, seed: int = 0) -> float:
+    """How often a perfectly calibrated confidence (each sample right with probability
+    ``conf``) shows an ECE above ``bar`` on these samples: the sampling floor's tail."""
+    rng = np.random.default_rng(seed)
+    return float(np.mean([ece(conf, rng.random(len(conf)) < conf) > bar
+                          for _ in range(draws)]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--grid", default=GRID)
@@ -173,16 +181,18 @@ def main() -> None:
         print(f"\nLOSO RMS error (the 24 grid cells) {np.sqrt(np.mean(np.square(errs))):.3f}, "
               f"max {np.max(np.abs(errs)):.3f}")
     if args.report:
-        print("| cell | accuracy | max-prob ECE | calibrated ECE | estimate (±) | error "
-              "(points) | consensus view | acc @80 % coverage | acc @100 % |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("| cell | accuracy | max-prob ECE | calibrated ECE | sampling floor | perfect > "
+              "0.03 | estimate (±) | error (points) | consensus view | acc @80 % coverage | "
+              "acc @100 % |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for k, v in cells.items():
             cal = calibrate(v["probs"], v["signals"])
             ok = v["ok"]
             keep = ~select(cal.confidence, coverage=0.8).abstained
             cons = v["signals"].consensus[np.arange(len(ok)), v["probs"].argmax(1)].mean()
             print(f"| {k} | {ok.mean():.3f} | {ece(v['probs'].max(1), ok):.3f} | "
-                  f"{ece(cal.confidence, ok):.3f} | {cal.estimated_accuracy:.3f} "
+                  f"{ece(cal.confidence, ok):.3f} | {ece_floor(cal.confidence):.3f} | "
+                  f"{perfect_above(cal.confidence, 0.03):.0%} | {cal.estimated_accuracy:.3f} "
                   f"(±{cal.plus_minus:.3f}) | {100 * (cal.estimated_accuracy - ok.mean()):+.1f}"
                   f" | {cons:.3f} | {ok[keep].mean():.3f} | {ok.mean():.3f} |")
 

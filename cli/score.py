@@ -13,7 +13,7 @@ from mrtf.io.hdf5 import H5Dataset
 from mrtf.io.labels import read_labels
 from mrtf.io.outputs import Outputs
 from mrtf.scoring import score_labels
-from mrtf.trust.metrics import ece
+from mrtf.trust.metrics import ece, ece_floor
 
 
 @click.command()
@@ -68,6 +68,7 @@ def _score(labels: Path, truth: Path, out: Out, plot: Path | None, outs: Outputs
     conf = predicted.confidence
     correct = full == y
     result["ece"] = ece(conf, correct)
+    result["ece_sampling_floor"] = ece_floor(conf)
     cal = predicted.calibration or {}
     est = cal.get("estimated_accuracy")
     if isinstance(est, (int, float)):
@@ -78,7 +79,9 @@ def _score(labels: Path, truth: Path, out: Out, plot: Path | None, outs: Outputs
                 + f" vs true {float(correct.mean()):.4f} (all samples): "
                 f"{100 * (float(est) - float(correct.mean())):+.1f} points")
     out.say(f"ECE of the confidence column (15 bins): {result['ece']:.4f}"
-            + ("" if cal else " (uncalibrated: the max probability)"))
+            + ("" if cal else " (uncalibrated: the max probability)")
+            + f"; a perfectly calibrated one would show ~{result['ece_sampling_floor']:.4f} "
+            f"on {len(y):,} samples (sampling alone)")
     out.say(table([[i, result["per_class"][i], result["support"][i]] for i in range(c)],
                   ["class", "accuracy", "support"]))
     out.say("confusion (rows: true, columns: predicted)")

@@ -12,7 +12,7 @@ from mrtf.cli.main import cli
 from mrtf.io import H5Dataset, load_received, read_labels
 from mrtf.refinery import RefineConfig, refine
 from mrtf.trust.calibration import Signals, apply_temperature, calibrate, temperature_for
-from mrtf.trust.metrics import ece
+from mrtf.trust.metrics import ece, ece_floor
 from mrtf.trust.selective import risk_coverage, select
 
 
@@ -49,6 +49,17 @@ def test_ece_and_risk_coverage():
     assert ece(conf, ok) == pytest.approx(0.5 * 0.1 + 0.5 * 0.1)
     cov, acc = risk_coverage(conf, ok, points=4)
     assert acc[-1] == 0.75 and acc[0] == 1.0
+
+
+def test_ece_floor_is_the_ece_of_a_perfectly_calibrated_confidence():
+    # its closed form against the ECE of labels drawn right with probability conf
+    rng = np.random.default_rng(0)
+    for conf in (rng.beta(5, 2, 1000), rng.uniform(0.1, 1.0, 300)):
+        drawn = [ece(conf, rng.random(len(conf)) < conf) for _ in range(300)]
+        assert ece_floor(conf) == pytest.approx(np.mean(drawn), rel=0.05)
+    assert ece_floor(np.ones(50)) == 0.0  # sure and right: no sampling error
+    big = rng.beta(5, 2, 100_000)
+    assert ece_floor(big) < ece_floor(big[:1000]) / 5  # shrinks as 1/sqrt(n)
 
 
 def test_select():
@@ -95,6 +106,7 @@ def test_cli_refine_label_score_selective(digits_federation, tmp_path):
     r = _cli("score", labels, "--truth", target, "--plot", png)
     assert r.exit_code == 0, r.output
     assert "estimated accuracy" in r.output and "coverage 0.800" in r.output
+    assert "a perfectly calibrated one would show" in r.output
     assert png.read_bytes()[:4] == b"\x89PNG"
     r = _cli("label", model, "--data", target, "--labels", tmp_path / "l2.h5",
              "--min-confidence", 0.5)
