@@ -13,6 +13,7 @@ building at once both end with a whole file.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -34,6 +35,7 @@ _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL | None] = {}
 
 
+@functools.cache  # read once per process: library() is asked for every teacher group
 def _cpu_id() -> str:
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
