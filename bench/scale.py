@@ -16,6 +16,11 @@ on``; per stage from ``--json`` timings, peak RSS of the command (``ru_maxrss`` 
 wall, the load average before and after. Cells ``e2e-M*-K*.json``; ``scale-e2e.json/png``.
 
     python bench/scale.py --e2e --M 100000 1000000 --K 10 --threads 2
+
+``--poison x100|flipped`` runs the same with the first party's bundle replaced (weights × 100,
+or its last layer rolled by one class: it predicts y + 1), and records the labels' accuracy
+(against mnist5k's y, tiled like the images) and the parties the reliability checks flagged
+(cells ``e2e-M*-K*-POISON.json``; the clean cells record both too).
 """
 
 from __future__ import annotations
@@ -147,11 +152,14 @@ def main() -> None:
     ap.add_argument("--cell", nargs=2, metavar=("H5", "K"), help=argparse.SUPPRESS)
     ap.add_argument("--e2e", action="store_true", help="time `mrtf refine --stream on`")
     ap.add_argument("--method", default="adaptive", help="--e2e: the refine method")
+    ap.add_argument("--poison", choices=("x100", "flipped"),
+                    help="--e2e: the first party's bundle poisoned this way")
     ap.add_argument("--e2e-cell", nargs=2, type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.e2e_cell:
         m, k = args.e2e_cell
-        print(json.dumps(run_e2e(Path(args.dir), m, k, args.threads, args.method)))
+        print(json.dumps(run_e2e(Path(args.dir), m, k, args.threads, args.method,
+                                 args.poison)))
         return
     if args.e2e:
         return main_e2e(args)
@@ -194,12 +202,52 @@ def received_parties(root: Path, k: int) -> Path:
     return out
 
 
-def run_e2e(root: Path, m: int, k: int, threads: int, method: str) -> dict:
+def poisoned_parties(root: Path, k: int, kind: str) -> Path:
+    """received_parties with the first local party's bundle poisoned (``kind`` x100 or
+    flipped), written once beside it."""
+    import shutil
+
+    from mrtf.io.bundles import load_bundle, model_files, save_bundle
+
+    clean = received_parties(root, k)
+    out = root / f"received-K{k}-{kind}"
+    if out.exists():
+        return out
+    tmp = root / f".received-K{k}-{kind}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(clean, tmp, symlinks=False)
+    first = next(p for p in model_files(tmp) if load_bundle(p).meta.role == "local")
+    m = load_bundle(first)
+    state = dict(m.state_dict)
+    if kind == "x100":
+        state = {n: v * 100 if v.is_floating_point() else v for n, v in state.items()}
+    else:  # flipped: the last layer's rows rolled by one class
+        last = [n for n, v in state.items() if v.dim() == 2][-1]
+        for n in (last, last.replace("weight", "bias")):
+            state[n] = state[n].roll(1, 0)
+    save_bundle(first, state, m.meta)
+    tmp.rename(out)
+    return out
+
+
+def tiled_labels(m: int) -> np.ndarray:
+    """mnist5k's y tiled like tiled_h5's images (scores the labels; refine never sees it)."""
+    from mrtf.data import load_builtin
+
+    y = load_builtin("mnist5k").y
+    return np.resize(y, m)
+
+
+def run_e2e(root: Path, m: int, k: int, threads: int, method: str,
+            poison: str | None = None) -> dict:
     """``mrtf refine`` of the tiled set, streamed, in a child process: its stages, wall,
-    peak RSS."""
+    peak RSS, the labels' accuracy and the parties it flagged."""
+    from mrtf.io.labels import read_labels
+
     h5 = tiled_h5(root / f"mnist5k-tiled-{m}.h5", m)
     out = root / f"out-M{m}-K{k}"
-    cmd = ["mrtf", "refine", str(received_parties(root, k)), "--data", str(h5), "--labels",
+    parties = received_parties(root, k) if poison is None else poisoned_parties(root, k, poison)
+    cmd = ["mrtf", "refine", str(parties), "--data", str(h5), "--labels",
            str(out / "labels.h5"), "--model", str(out / "refined.safetensors"), "--method",
            method, "--stream", "on", "--force", "--json", "--quiet"]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
@@ -214,6 +262,9 @@ def run_e2e(root: Path, m: int, k: int, threads: int, method: str) -> dict:
     stages["write"] = {"s": wall - sum(v["s"] for v in stages.values())}  # + start-up
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     rss = usage.ru_maxrss / 1024
+    accuracy = float((read_labels(out / "labels.h5").labels == tiled_labels(m)).mean())
+    flagged = {p["name"]: p["verdict"] for p in summary.get("reliability") or []
+               if p["verdict"] != "trusted"}
     for p in out.iterdir():  # the labels and model are not kept (1M: 60 MB)
         p.unlink()
     out.rmdir()
@@ -221,7 +272,8 @@ def run_e2e(root: Path, m: int, k: int, threads: int, method: str) -> dict:
             "wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,  # the load-free figure
             "peak_rss_mb": rss, "load_before": load0,
             "load_after": os.getloadavg()[0], "stages": stages,
-            "outputs_mb": whole_length_mb(m, 10)}
+            "outputs_mb": whole_length_mb(m, 10), "poison": poison, "accuracy": accuracy,
+            "flagged": flagged, "estimated_accuracy": summary.get("estimated_accuracy")}
 
 
 def whole_length_mb(m: int, c: int, k_neighbours: int = 10) -> float:
@@ -265,17 +317,24 @@ def main_e2e(args: argparse.Namespace) -> None:
     root.mkdir(parents=True, exist_ok=True)
     for m in args.M:
         for k in args.K:
-            done = root / f"e2e-M{m}-K{k}.json"
+            tag = "" if args.poison is None else f"-{args.poison}"
+            done = root / f"e2e-M{m}-K{k}{tag}.json"
             if not done.exists():
                 # one child per cell: RUSAGE_CHILDREN is this process' children's maximum
                 cmd = [sys.executable, __file__, "--e2e-cell", str(m), str(k), "--dir",
                        str(root), "--threads", str(args.threads), "--method", args.method]
+                cmd += [] if args.poison is None else ["--poison", args.poison]
                 row = subprocess.check_output(cmd).decode().splitlines()[-1]
                 done.write_text(json.dumps(json.loads(row), indent=2))
             r = json.loads(done.read_text())
-            print(f"M={m} K={k}: wall {r['wall_s']:.0f}s, peak RSS {r['peak_rss_mb']:.0f} MB, "
+            print(f"M={m} K={k}{tag}: wall {r['wall_s']:.0f}s, peak RSS "
+                  f"{r['peak_rss_mb']:.0f} MB, accuracy {r.get('accuracy', float('nan')):.4f}, "
+                  f"flagged {r.get('flagged')}, "
                   + " ".join(f"{n} {v['s']:.1f}s" for n, v in r["stages"].items()), flush=True)
-    rows = sorted((json.loads(p.read_text()) for p in root.glob("e2e-M*-K*.json")),
+    if args.poison is not None:
+        return  # the time and memory plot is of the clean cells
+    rows = sorted((json.loads(p.read_text()) for p in root.glob("e2e-M*-K*.json")
+                   if not json.loads(p.read_text()).get("poison")),
                   key=lambda r: (r["K"], r["M"]))
     (root / "scale-e2e.json").write_text(json.dumps(rows, indent=2))
     plot_e2e(rows, root / "scale-e2e.png")

@@ -39,3 +39,17 @@ def digits_federation(tmp_path_factory):
     export_received(result, root / "received")
     export_target(result, root / "target.h5")
     return root / "received", root / "target.h5", result
+
+
+@pytest.fixture(scope="session")
+def digits_oneshot(tmp_path_factory):
+    """Received models of one round of 6 LeNet parties trained well on digits (Dir 5.0) and
+    a 300-sample target: good enough that a relabelled party stands out."""
+    root = tmp_path_factory.mktemp("oneshot")
+    cfg = RunConfig(dataset="digits", clients=6, split="dirichlet:5.0", ratio=1.0, rounds=1,
+                    arch="lenet", target_size=300, seeds=[0], epochs=10, batch_size=16,
+                    lr=0.05)
+    result = run_fedavg(cfg)
+    export_received(result, root / "received")
+    export_target(result, root / "target.h5")
+    return root / "received", root / "target.h5"

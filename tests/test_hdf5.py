@@ -86,3 +86,21 @@ def test_calibrated_confidence_written_by_blocks(tmp_path, monkeypatch):
     write_labels(tmp_path / "l.h5", LabelSet.from_probs(probs, confidence=conf), "x", {}, [])
     with h5py.File(tmp_path / "l.h5") as f:
         np.testing.assert_array_equal(f["confidence"][:], conf)
+
+
+def test_row_subset_reads_the_rows_it_names(tmp_path):
+    from mrtf.io.hdf5 import RowSubset
+
+    x = np.arange(20 * 4, dtype=np.uint8).reshape(20, 1, 2, 2)
+    write_dataset(tmp_path / "d.h5", x, np.arange(20))
+    rows = np.array([1, 4, 5, 11, 19])
+    with H5Dataset(tmp_path / "d.h5") as ds:
+        sub = RowSubset(ds, rows)
+        assert len(sub) == 5 and sub.sample_shape == (1, 2, 2) and not sub.has_labels
+        got = np.concatenate([c for _, c in sub.chunks(2)])
+        np.testing.assert_allclose(got, x[rows] / 255.0, rtol=1e-6)
+        np.testing.assert_allclose(sub.read(1, 3), x[[4, 5]] / 255.0, rtol=1e-6)
+        np.testing.assert_allclose(sub.take(np.array([4, 0])), x[[19, 1]] / 255.0, rtol=1e-6)
+        for bad in ([], [3, 3], [5, 2], [-1, 2], [2, 20]):
+            with pytest.raises(ValueError, match="strictly increasing"):
+                RowSubset(ds, np.array(bad, dtype=np.int64))

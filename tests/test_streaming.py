@@ -88,19 +88,100 @@ def test_cli_stream_on_writes_the_same_labels(digits_federation, tmp_path):
     assert out["on"].attrs["method"] == out["off"].attrs["method"]
 
 
-@pytest.mark.parametrize("extra", [["--class-prior", "uniform"], ["--aggregate", "median"],
-                                   ["--trust"]])
-def test_cli_stream_on_refuses_what_it_does_not_do(digits_federation, tmp_path, extra):
+def _poisoned(received, kind: str):
+    """The first local model sent with weights × 100 or predicting y + 1 (its last layer's
+    rows rolled by one class)."""
+    from mrtf.io.bundles import ReceivedModel, ReceivedSet
+
+    models = list(received.models)
+    first = next(i for i, m in enumerate(models) if m.meta.role == "local")
+    m = models[first]
+    state = dict(m.state_dict)
+    if kind == "x100":
+        state = {k: v * 100 if v.is_floating_point() else v for k, v in state.items()}
+    else:
+        last = [k for k, v in state.items() if v.dim() == 2][-1]
+        for key in (last, last.replace("weight", "bias")):
+            state[key] = state[key].roll(1, 0)
+    models[first] = ReceivedModel(m.path, m.meta, state)
+    return ReceivedSet(models, [])
+
+
+def _name(received) -> str:
+    return next(m.name for m in received.models if m.meta.role == "local")
+
+
+@pytest.mark.parametrize("kind", ["x100", "flipped"])
+def test_streaming_trust_leaves_the_poisoned_party_out_as_in_memory(digits_oneshot, tmp_path,
+                                                                    kind):
+    received, source = load_received(digits_oneshot[0]), ArraySource(load_builtin("digits").x)
+    bad = _poisoned(received, kind)
+    mem, out = _both(bad, source, tmp_path, method="adaptive")
+    verdicts = {p["name"]: p["verdict"] for p in out.info["reliability"]}
+    assert verdicts == {p["name"]: p["verdict"] for p in mem.info["reliability"]}
+    assert verdicts[_name(bad)] == "excluded"
+    assert out.info["teachers"] == mem.info["teachers"] == len(bad.by_role("local")) - 1
+    assert out.info["verdicts"] == mem.info["verdicts"]
+    assert "reliability_samples" not in out.info  # 1,797 samples: measured on all of them
+    np.testing.assert_array_equal(out.averaged_probs, mem.averaged_probs)  # θ_{t+1} rebuilt
+    np.testing.assert_array_equal(out.probs.argmax(1), mem.probs.argmax(1))
+
+
+@pytest.mark.parametrize("kw", [dict(class_prior="uniform"), dict(aggregate="median"),
+                                dict(aggregate="trimmed:0.25"),
+                                dict(method="mrtf", trust=True)])
+def test_streaming_trust_options_equal_in_memory(setup, tmp_path, kw):
+    """What the streaming path once refused (--class-prior uniform, --aggregate, --trust)."""
+    mem, out = _both(*setup, tmp_path, **{"method": "adaptive", **kw})
+    np.testing.assert_array_equal(out.averaged_probs, mem.averaged_probs)
+    np.testing.assert_array_equal(out.target_probs.argmax(1), mem.target_probs.argmax(1))
+    np.testing.assert_allclose(out.target_probs, mem.target_probs, atol=1e-6)
+    np.testing.assert_array_equal(out.probs.argmax(1), mem.probs.argmax(1))
+    assert out.info["aggregate"] == mem.info["aggregate"]
+    if kw.get("class_prior") == "uniform":
+        assert mem.info["debias_strength"] > 0
+        assert out.info["debias_strength"] == pytest.approx(mem.info["debias_strength"])
+
+
+def test_trust_on_a_sample_of_a_large_target(digits_oneshot, tmp_path, monkeypatch):
+    """Above mrtf.trust.received.TRUST_SAMPLE samples the checks read a seeded subset, in
+    both paths and inspect alike, and say so; the poisoned party is still left out, and the
+    two paths give the same verdicts and labels."""
+    import mrtf.trust.received as tr
+
+    monkeypatch.setattr(tr, "TRUST_SAMPLE", 600)
+    received, source = load_received(digits_oneshot[0]), ArraySource(load_builtin("digits").x)
+    bad = _poisoned(received, "flipped")
+    mem, out = _both(bad, source, tmp_path, method="adaptive", steps=5)
+    for res in (mem, out):
+        assert res.info["reliability_samples"] == 600
+        assert {p["name"]: p["verdict"] for p in res.info["reliability"]}[_name(bad)] \
+            == "excluded"
+        assert any("measured on 600 of the 1,797 target samples (seed 0)" in n
+                   for n in res.info["notes"])
+    assert out.info["reliability"] == mem.info["reliability"]
+    np.testing.assert_array_equal(out.probs.argmax(1), mem.probs.argmax(1))
+    report = tr.assess_received(bad, source, "cpu")
+    assert [p.to_dict() for p in report.parties] == mem.info["reliability"]
+
+
+def test_cli_stream_on_names_the_poisoned_party(digits_federation, tmp_path):
     from click.testing import CliRunner
 
     from mrtf.cli.main import cli
+    from mrtf.io.bundles import save_bundle
 
     received, target, _ = digits_federation
-    res = CliRunner().invoke(cli, ["refine", str(received), "--data", str(target), "--labels",
-                                   str(tmp_path / "l.h5"), "--stream", "on", *extra])
-    assert res.exit_code == 2, res.output
-    assert "not available on the streaming path" in res.output
-    assert list(tmp_path.iterdir()) == []
+    bad = _poisoned(load_received(received), "x100")
+    (tmp_path / "bad").mkdir()
+    for m in bad.models:
+        save_bundle(tmp_path / "bad" / m.path.name, m.state_dict, m.meta)
+    res = CliRunner().invoke(cli, ["refine", str(tmp_path / "bad"), "--data", str(target),
+                                   "--labels", str(tmp_path / "out" / "l.h5"), "--steps", "5",
+                                   "--stream", "on", "--aggregate", "median"],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert f"{_name(bad)} (excluded)" in res.output
 
 
 def test_streaming_measures_novelty_but_distils_the_vote(setup, tmp_path):

@@ -44,3 +44,31 @@ def test_dead_sources_from_running_extremes():
     hi = np.array([[1, 1], [0, 0], [1e-7, 0]], np.float32)
     assert sa.live_sources(lo, hi, 10) == [0]
     assert sa.live_sources(lo, hi, 1) == [0, 1, 2]  # one sample: nothing is "constant"
+
+
+def test_debias_spill_equals_in_memory_debias(tmp_path, monkeypatch):
+    """class_prior='uniform' on the spill: the whole-M statistics gathered block by block,
+    then every live source's class bias divided out in place, as adaptive.debias does."""
+    from mrtf.refinery.adaptive import debias, debias_strength
+
+    monkeypatch.setattr(sa, "BLOCK", 128)
+    rng = np.random.default_rng(1)
+    probs = _views(rng)
+    probs[:, 2] = probs[:, 2] ** 0.3 * np.array([4, 1, 1, 1, 1], np.float32)  # a class bias
+    probs[:, 2] /= probs[:, 2].sum(-1, keepdims=True)
+    stats = sa.SourceStats(probs.shape[1], probs.shape[2])
+    for s in range(0, len(probs), 100):  # blocks that do not divide M
+        stats.add(probs[s:s + 100].transpose(1, 0, 2))
+    live = [0, 2, 3]
+    want_s = debias_strength([probs[:, i] for i in live])
+    with Scratch(tmp_path) as sc:
+        spill = sc.array("p", probs.shape)
+        spill.write(0, probs)
+        strength = sa.debias_spill(spill, stats, live)
+        got = spill[0:len(probs)]
+    assert strength == want_s > 0
+    for i in live:
+        np.testing.assert_allclose(got[:, i], debias(probs[:, i], want_s), atol=1e-7)
+    np.testing.assert_array_equal(got[:, 1], probs[:, 1])  # not live: untouched
+    np.testing.assert_array_equal(stats.lo, probs.min(0))
+    np.testing.assert_array_equal(stats.hi, probs.max(0))

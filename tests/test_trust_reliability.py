@@ -11,7 +11,6 @@ import torch
 
 from mrtf.averaging import aggregate_states, parse_aggregate
 from mrtf.errors import InputError
-from mrtf.federated import RunConfig, export_received, export_target, run_fedavg
 from mrtf.io import H5Dataset, load_received
 from mrtf.io.bundles import ReceivedModel, ReceivedSet
 from mrtf.refinery import RefineConfig, refine
@@ -20,15 +19,9 @@ from mrtf.trust.received import assess_received
 
 
 @pytest.fixture(scope="module")
-def oneshot(tmp_path_factory):
-    root = tmp_path_factory.mktemp("trust")
-    cfg = RunConfig(dataset="digits", clients=6, split="dirichlet:5.0", ratio=1.0, rounds=1,
-                    arch="lenet", target_size=300, seeds=[0], epochs=10, batch_size=16,
-                    lr=0.05)
-    result = run_fedavg(cfg)
-    export_received(result, root / "received")
-    export_target(result, root / "target.h5")
-    return load_received(root / "received"), root / "target.h5"
+def oneshot(digits_oneshot):
+    received, target = digits_oneshot
+    return load_received(received), target
 
 
 def _relabelled(state: dict, c: int) -> dict:

@@ -218,6 +218,49 @@ class ArraySource:
         pass
 
 
+class RowSubset:
+    """Rows ``rows`` (sorted) of another source, with the same reading interface: chunks are
+    read with the source's ``take``, so only one chunk is in memory (the streaming refinery's
+    party reliability checks read a sample of a large target this way)."""
+
+    def __init__(self, source: Any, rows: np.ndarray) -> None:
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) == 0 or np.any(np.diff(rows) <= 0) or rows[0] < 0 or \
+                rows[-1] >= len(source):
+            raise ValueError("rows must be non-empty, strictly increasing and inside the source")
+        self.source, self.rows = source, rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        return tuple(self.source.sample_shape)
+
+    @property
+    def has_labels(self) -> bool:
+        return False  # y is never needed where a subset is read
+
+    def labels(self) -> np.ndarray | None:
+        return None
+
+    def ids(self) -> np.ndarray | None:
+        return None
+
+    def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        return self.source.take(self.rows[start:stop])
+
+    def chunks(self, size: int = 4096) -> Iterator[tuple[int, np.ndarray]]:
+        for start in range(0, len(self), size):
+            yield start, self.read(start, start + size)
+
+    def take(self, indices: np.ndarray) -> np.ndarray:
+        return self.source.take(self.rows[np.asarray(indices, dtype=np.int64)])
+
+    def close(self) -> None:
+        pass
+
+
 def read_dataset(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray | None]:
     """Whole dataset in memory: ``(x float32, y int64 or None)``."""
     with H5Dataset(path) as ds:

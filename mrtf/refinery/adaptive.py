@@ -96,12 +96,18 @@ def label_diversity(probs: np.ndarray) -> float:
     """Normalised entropy (0..1) of the histogram of a source's predicted labels (M, C):
     0 when it names one class for every sample, 1 when it names every class equally often."""
     m, c = probs.shape
-    hist = np.bincount(probs.argmax(1), minlength=c) / max(1, m)
+    return histogram_diversity(np.bincount(probs.argmax(1), minlength=c))
+
+
+def histogram_diversity(counts: np.ndarray) -> float:
+    """label_diversity from the counts (C,) of each predicted label (block-wise callers)."""
+    c = len(counts)
+    hist = np.asarray(counts, dtype=np.float64) / max(1.0, float(np.sum(counts)))
     hist = hist[hist > 0]
     return float(-(hist * np.log(hist)).sum() / np.log(c)) if c > 1 else 0.0
 
 
-def debias(probs: np.ndarray, strength: float) -> np.ndarray:
+def debias(probs: np.ndarray, strength: float, mean: np.ndarray | None = None) -> np.ndarray:
     """A source's class bias divided out: q'(c|x) ∝ q(c|x) / (mean_x q(c|x))^s, (M, C) float32.
 
     A model moved to another domain (digits → MNIST) or trained on few classes names a few
@@ -116,10 +122,16 @@ def debias(probs: np.ndarray, strength: float) -> np.ndarray:
     on the balanced grid (digits→mnist5k +7.1, label:2 one-shot +4.9), but -5.4 on the same
     targets subsampled to skewed classes (class c kept with probability 0.6^c; 50 rounds
     -7.0). The models' outputs cannot tell a domain shift from a skewed target, so this is an
-    assumption the user states (``class_prior="uniform"``), not the default."""
+    assumption the user states (``class_prior="uniform"``), not the default.
+
+    mean: the source's mean prediction (C,) over all M samples, for a caller that has only
+    a block of ``probs`` (the streaming path); summed in float64 either way, so a block-wise
+    sum gives the same float32 result."""
     if strength <= 0:
         return probs
-    r = probs / np.maximum(probs.mean(0, keepdims=True), 1e-8) ** strength
+    if mean is None:
+        mean = probs.mean(0, dtype=np.float64)
+    r = probs / np.maximum(np.asarray(mean, np.float64), 1e-8) ** strength
     return (r / r.sum(1, keepdims=True)).astype(np.float32)
 
 

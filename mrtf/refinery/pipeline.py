@@ -241,10 +241,9 @@ def refine(received, source, config: RefineConfig | None = None,
     """
     config = config or RefineConfig()
     config.validate()
-    from mrtf.refinery.streaming import check_streamable, refine_streaming, streams
+    from mrtf.refinery.streaming import refine_streaming, streams
 
     if streams(received, source, config):
-        check_streamable(config)
         return refine_streaming(received, source, config, student)
     dev = pick_device(config.device)
     spec = METHOD_SPECS[config.method]
@@ -264,11 +263,13 @@ def refine(received, source, config: RefineConfig | None = None,
     out = None
     if teachers:
         feats_of = self_model if spec.features and not skip_clr else None
-        done = 0 if trusted is None else len(plan.locals_)  # the local models ran already
+        # the local models ran already (unless the checks read a sample of a large target)
+        done = 0 if trusted is None or trusted.logits is None else len(plan.locals_)
         out = teacher_logits(teachers[done:], source, config.inference_batch, dev, feats_of,
                              config.stack, progress=config.progress) \
             if len(teachers) > done else None
         if done:
+            assert trusted is not None and trusted.logits is not None
             local = trusted.logits
             out = TeacherOutputs(local, None, 0, 0, 0) if out is None else \
                 TeacherOutputs(np.concatenate([local, out.logits]), out.features,
@@ -317,9 +318,7 @@ def refine(received, source, config: RefineConfig | None = None,
     info.update(entries)
     timings["calibration"] += time.perf_counter() - t0
     if trusted is not None:
-        info["reliability"] = [p.to_dict() for p in trusted.report.parties]
-        info["verdicts"] = [p.line() for p in trusted.report.parties]
-        info["aggregate"] = config.aggregate
+        info.update(trusted.info(config.aggregate))
     return RefineResult(model.eval().cpu(), probs, targets, before, info, timings, cal)
 
 

@@ -6,14 +6,20 @@ at M = 1M, K = 10, D = 256. Here the data pass writes the logits and features to
 files beside the output (spill.py; ``RefineConfig.scratch_dir``, removed at the end), and
 every later stage reads them back a block at a time:
 
+0. the party reliability checks (mrtf.trust, for the default and ``--trust``), as in memory
+   (on a seeded sample of mrtf.trust.received.TRUST_SAMPLE target samples when there are
+   more): the excluded parties are left out of the teachers and θ_{t+1} is re-averaged
+   (``--aggregate``) before the data pass; the logits of that pass are not kept;
 1. data pass: teachers' logits (and θ_{t+1}'s features) → spill, θ_{t+1}'s softmax kept
    (an (M, C) output), non-finite rows counted;
 2. Eq. 6's global std per teacher: two passes over the logits spill (teachers.global_stds,
    the same block-wise float64 sums as the in-memory path);
 3. targets: the paper's methods block by block (pipeline.ensemble_targets reads the spill as
    it reads an array), CLR's prototypes accumulated block by block (cluster.py); adaptive:
-   the stabilized softmax written over the logits spill, Dawid-Skene EM with block-wise
-   statistics (streaming_adaptive.py), k-means trained on a sample and assigned by blocks;
+   the stabilized softmax written over the logits spill with each source's whole-M
+   statistics (``--class-prior uniform`` divides their class bias out in place), Dawid-Skene
+   EM with block-wise statistics and the parties' trust factors (streaming_adaptive.py),
+   k-means trained on a sample and assigned by blocks;
 4. distillation as in memory (it holds steps × batch rows, not M);
 5. final prediction, streamed.
 
@@ -40,9 +46,9 @@ from mrtf.refinery.cluster import prototype_targets
 from mrtf.refinery.config import METHOD_SPECS, RefineConfig
 from mrtf.refinery.distill import distill
 from mrtf.refinery.spill import Scratch, SpillArray, TeacherMajor
-from mrtf.refinery.streaming_adaptive import adaptive_targets_blocks
+from mrtf.refinery.streaming_adaptive import SourceStats, adaptive_targets_blocks
 from mrtf.refinery.teachers import TeacherChunks, _softmax_np
-from mrtf.refinery.trusted import calibrated, trust_on, with_neighbours
+from mrtf.refinery.trusted import apply_trust, calibrated, trust_on, with_neighbours
 
 if TYPE_CHECKING:  # pipeline imports this module lazily; no import cycle at run time
     from mrtf.refinery.pipeline import RefineResult
@@ -107,7 +113,14 @@ def refine_streaming(received, source, config: RefineConfig,
     plan = pl._plan(received, source, config, student, dev)
     timings: dict[str, float] = {"teachers": 0.0, "clr": 0.0, "distill": 0.0, "predict": 0.0,
                                  "calibration": 0.0}
-    u = u_t([m.meta.train_loss for m in pl.newest_locals(received)], received.num_classes)
+    t_trust = time.perf_counter()
+    # the party reliability checks (on a sample of a large target, as in memory): the
+    # excluded parties never run on the whole target
+    trusted = apply_trust(plan, received, source, config, dev, student is not None) \
+        if trust_on(config) else None
+    t_trust = time.perf_counter() - t_trust
+    used = pl.newest_locals(received) if trusted is None else trusted.kept
+    u = u_t([m.meta.train_loss for m in used], received.num_classes)
     notes, skip_clr = pl._notes(received, plan, config)
     self_model = plan.agg if plan.agg is not None else plan.student
     teachers = [] if spec.teachers == "none" else list(plan.locals_)
@@ -130,7 +143,7 @@ def refine_streaming(received, source, config: RefineConfig,
                                  "overflow float32); rescale the data or check the models")
         before = sink.before if sink is not None and sink.before is not None else \
             pl.predict_probs(self_model, source, config.inference_batch, dev)
-        timings["teachers"] = time.perf_counter() - t0
+        timings["teachers"] = time.perf_counter() - t0 + t_trust
         student_model = pl._live_start(plan, before, config, notes, student is not None)
         if sink is None:  # fedavg: θ_{t+1} as it is
             model, targets = self_model.eval(), before
@@ -140,13 +153,15 @@ def refine_streaming(received, source, config: RefineConfig,
             t0 = time.perf_counter()
             local = with_neighbours(_local_signals(sink, len(plan.locals_), before), source)
             timings["calibration"] = time.perf_counter() - t0
-            novelty = pl._novelty(plan, TeacherMajor(sink.logits),
-                                  pl.newest_locals(received), config, student is not None)
+            novelty = pl._novelty(plan, TeacherMajor(sink.logits), used, config,
+                                  student is not None)
             if novelty is not None and novelty.adapt:
                 notes.append(f"{novelty.line()}; the streaming path cannot adapt yet (SHOT "
                              "holds the features in memory): it distils the vote, "
                              "--stream off adapts")
-            targets, extra = _targets(plan, sink, config, u, skip_clr, before)
+            factors = None if trusted is None else \
+                trusted.factors + [1.0] * (len(teachers) - len(plan.locals_))
+            targets, extra = _targets(plan, sink, config, u, skip_clr, before, factors)
             timings["clr"] = extra.pop("clr")
             if local is not None:
                 local.consensus = np.asarray(targets, np.float32)
@@ -164,13 +179,12 @@ def refine_streaming(received, source, config: RefineConfig,
             "notes": notes, "config": asdict(config), "streaming": True}
     if "adaptive" in extra:
         info.update(pl._trust_info(extra["adaptive"], probs, before))
-    if trust_on(config):
-        notes.append(f"streaming path (large target): {STREAMING_GAPS} are not applied "
-                     "on it yet; --stream off refines in memory with them")
     t0 = time.perf_counter()
     cal, entries = calibrated(probs, before, local, info.get("estimated_accuracy"))
     info.update(entries)
     timings["calibration"] += time.perf_counter() - t0
+    if trusted is not None:
+        info.update(trusted.info(config.aggregate))
     return pl.RefineResult(model.eval().cpu(), probs, targets, before, info, timings, cal)
 
 
@@ -184,7 +198,8 @@ def _local_signals(sink: _Pass, k: int, before: np.ndarray):
 
 
 def _targets(plan, sink: _Pass, config: RefineConfig, u: float, skip_clr: bool,
-             before: np.ndarray) -> tuple[np.ndarray, dict]:
+             before: np.ndarray, factors: list[float] | None = None
+             ) -> tuple[np.ndarray, dict]:
     """pipeline._targets on the spill."""
     from mrtf.refinery import pipeline as pl
 
@@ -192,7 +207,7 @@ def _targets(plan, sink: _Pass, config: RefineConfig, u: float, skip_clr: bool,
     logits = TeacherMajor(sink.logits)
     t0 = time.perf_counter()  # 'clr' times what pipeline._targets times: all of adaptive
     if config.method == "adaptive":
-        targets, extra = _adaptive(plan, sink, logits, config, before)
+        targets, extra = _adaptive(plan, sink, logits, config, before, factors)
         return targets, {**extra, "clr": time.perf_counter() - t0}
     targets = pl.ensemble_targets(logits, len(plan.locals_), config, u)
     if not METHOD_SPECS[config.method].features or skip_clr or config.clr_iterations == 0:
@@ -205,22 +220,21 @@ def _targets(plan, sink: _Pass, config: RefineConfig, u: float, skip_clr: bool,
 
 
 def _adaptive(plan, sink: _Pass, logits: TeacherMajor, config: RefineConfig,
-              before: np.ndarray) -> tuple[np.ndarray, dict]:
+              before: np.ndarray, factors: list[float] | None) -> tuple[np.ndarray, dict]:
     """Eq. 6's softmax block by block over the logits spill, in place (the logits are not
-    needed again), with each source's min and max for the dead-source test; then the
-    block-wise consensus."""
+    needed again), with each source's whole-M statistics (dead sources, class bias); then
+    the block-wise consensus."""
     from mrtf.refinery import pipeline as pl
 
     assert sink.logits is not None
     k, _, c = logits.shape
-    lo = np.full((k, c), np.inf, dtype=np.float32)
-    hi = np.full((k, c), -np.inf, dtype=np.float32)
+    stats = SourceStats(k, c)
     # the generator reads block s+1 only after block s is written back: in place is safe
     for s, q in pl._stabilized_blocks(logits, config):
-        lo, hi = np.minimum(lo, q.min(1)), np.maximum(hi, q.max(1))
+        stats.add(q)
         sink.logits.write(s, q.transpose(1, 0, 2))
-    out = adaptive_targets_blocks(sink.logits, lo, hi, plan.names, before, sink.features,
-                                  config.seed, len(plan.locals_))
+    out = adaptive_targets_blocks(sink.logits, stats, plan.names, before, sink.features,
+                                  config.seed, len(plan.locals_), config.class_prior, factors)
     return out.targets, {"adaptive": out}
 
 
@@ -231,19 +245,5 @@ def streams(received, source, config: RefineConfig) -> bool:
     return use_streaming(config, len(source), k, received.num_classes, max(dims, default=512))
 
 
-#: what the streaming path (large targets) does not do yet, and its option
-STREAMING_GAPS = "party reliability checks, --aggregate and --class-prior"
 #: rows per block when the calibration's evidence is read from the logits spill
 BLOCK_ROWS = 65_536
-
-
-def check_streamable(config: RefineConfig) -> None:
-    """The streaming path mirrors the consensus but not yet the trust layer (mrtf.trust) or
-    the class-prior correction: asked for explicitly, they are refused, not silently skipped."""
-    asked = [name for name, on in (("--trust", config.trust is True),
-                                   (f"--aggregate {config.aggregate}", config.aggregate != "mean"),
-                                   (f"--class-prior {config.class_prior}",
-                                    config.class_prior != "learned")) if on]
-    if asked:
-        raise InputError(f"{', '.join(asked)} is not available on the streaming path (large "
-                         "targets) yet; pass --stream off to refine in memory")

@@ -24,10 +24,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from mrtf.refinery.adaptive import (
+    DEBIAS_SCALE,
     SELF_WEIGHT,
     AdaptiveTargets,
     SourceTrust,
     cluster_weight,
+    debias,
+    histogram_diversity,
     source_report,
 )
 from mrtf.refinery.cluster import _one_blas_thread, kmeans_assign
@@ -169,32 +172,79 @@ def live_sources(lo: np.ndarray, hi: np.ndarray, m: int, tol: float = 1e-6) -> l
     return [i for i in range(len(lo)) if not (m > 1 and float((hi[i] - lo[i]).max()) <= tol)]
 
 
-def adaptive_targets_blocks(probs, lo: np.ndarray, hi: np.ndarray, names: Sequence[str],
+class SourceStats:
+    """What adaptive.py reads from each source's whole (M, C) softmax, accumulated block by
+    block while the spill is written: the running min and max (S, C) (dead sources), the
+    float64 sum (S, C) (its mean prediction, ``debias``) and its label counts (S, C)
+    (``label_diversity``)."""
+
+    def __init__(self, sources: int, classes: int) -> None:
+        self.lo = np.full((sources, classes), np.inf, dtype=np.float32)
+        self.hi = np.full((sources, classes), -np.inf, dtype=np.float32)
+        self.total = np.zeros((sources, classes))
+        self.counts = np.zeros((sources, classes), dtype=np.int64)
+        self.m = 0
+
+    def add(self, q: np.ndarray) -> None:
+        """One block q (S, m, C) of the sources' stabilized softmax."""
+        self.lo, self.hi = np.minimum(self.lo, q.min(1)), np.maximum(self.hi, q.max(1))
+        self.total += q.sum(1, dtype=np.float64)
+        c = q.shape[2]
+        for i, pick in enumerate(q.argmax(2)):
+            self.counts[i] += np.bincount(pick, minlength=c)
+        self.m += q.shape[1]
+
+
+def debias_spill(probs, stats: SourceStats, live: Sequence[int]) -> float:
+    """adaptive.debias of every live source, written over the (M, S, C) spill in place
+    (``class_prior="uniform"``); returns the strength s (0: nothing written)."""
+    if not live:
+        return 0.0
+    h = float(np.mean([histogram_diversity(stats.counts[i]) for i in live]))
+    strength = float(min(1.0, h / DEBIAS_SCALE))
+    if strength <= 0:
+        return 0.0
+    mean = stats.total / max(1, stats.m)
+    for s in range(0, len(probs), BLOCK):
+        block = probs[s:s + BLOCK]
+        for i in live:
+            block[:, i] = debias(block[:, i], strength, mean[i])
+        probs.write(s, block)
+    return strength
+
+
+def adaptive_targets_blocks(probs, stats: SourceStats, names: Sequence[str],
                             self_probs: np.ndarray, features, seed: int = 0,
-                            num_local: int | None = None) -> AdaptiveTargets:
-    """adaptive.adaptive_targets on a (M, S, C) float32 spill ``probs`` (read by row slices),
-    with each source's running min ``lo`` and max ``hi`` (S, C) over the samples (dead
-    sources), and θ_{t+1}'s features (M, D) for the cluster view read the same way.
+                            num_local: int | None = None, class_prior: str = "learned",
+                            source_weights: Sequence[float] | None = None) -> AdaptiveTargets:
+    """adaptive.adaptive_targets on a (M, S, C) float32 spill ``probs`` (read by row slices,
+    written in place by ``class_prior="uniform"``), with each source's whole-M statistics
+    ``stats``, and θ_{t+1}'s features (M, D) for the cluster view read the same way.
+    ``class_prior`` and ``source_weights`` as adaptive_targets.
 
     On one BLAS thread: the EM's GEMMs are thin (65k × 10 by 10), and OpenBLAS's 2-thread
     pool on this loaded 2-core machine ran them at ~0.5 GFLOP/s (44 s for M = 100k)."""
     with _one_blas_thread():
-        return _adaptive_targets_blocks(probs, lo, hi, names, self_probs, features, seed,
-                                        num_local)
+        return _adaptive_targets_blocks(probs, stats, names, self_probs, features, seed,
+                                        num_local, class_prior, source_weights)
 
 
-def _adaptive_targets_blocks(probs, lo: np.ndarray, hi: np.ndarray, names: Sequence[str],
+def _adaptive_targets_blocks(probs, stats: SourceStats, names: Sequence[str],
                              self_probs: np.ndarray, features, seed: int,
-                             num_local: int | None) -> AdaptiveTargets:
+                             num_local: int | None, class_prior: str,
+                             source_weights: Sequence[float] | None) -> AdaptiveTargets:
     m, s_all, c = probs.shape
     num_local = max(1, s_all - 2) if num_local is None else num_local
-    live = live_sources(lo, hi, m)
+    live = live_sources(stats.lo, stats.hi, m)
     dead = [SourceTrust(names[i], 0.0, None, "left out: the same output for every sample "
                         "(no information)") for i in range(s_all) if i not in live]
     if not live:
         return AdaptiveTargets(np.asarray(self_probs, np.float32), dead)
+    strength = debias_spill(probs, stats, live) if class_prior == "uniform" else 0.0
     nl = sum(i < num_local for i in live)
     w_models = [1.0 if i < num_local else SELF_WEIGHT / max(1, len(live) - nl) for i in live]
+    if source_weights is not None:
+        w_models = [w * float(source_weights[i]) for w, i in zip(w_models, live)]
     post = np.empty((m, c), dtype=np.float64)
     views = BlockViews(probs, live)
     final = models = _consensus(views, nl, w_models, post)
@@ -205,4 +255,5 @@ def _adaptive_targets_blocks(probs, lo: np.ndarray, hi: np.ndarray, names: Seque
         final = _consensus(BlockViews(probs, live, assign, n), nl, w_models + [lam], post)
     sources = source_report(final, [names[i] for i in live], w_models, c, conf, lam,
                             features is not None)
-    return AdaptiveTargets(final.posterior.astype(np.float32), sources + dead, conf, lam, final)
+    return AdaptiveTargets(final.posterior.astype(np.float32), sources + dead, conf, lam, final,
+                           strength)

@@ -63,29 +63,66 @@ def trust_on(config: RefineConfig) -> bool:
 @dataclass
 class Trusted:
     """What the reliability check left: the kept local models (ReceivedModel), their target
-    logits (K', M, C), their consensus factors, and the full report."""
+    logits (K', M, C) (None when measured on a subset), their consensus factors, the full
+    report, and the rows it was measured on (None: all)."""
 
     kept: list
-    logits: np.ndarray
+    logits: np.ndarray | None
     factors: list[float]
     report: Any
+    rows: np.ndarray | None = None
+
+    def info(self, aggregate: str) -> dict[str, Any]:
+        """What both refine paths report: per-party reliability, verdicts, the aggregate."""
+        out = {"reliability": [p.to_dict() for p in self.report.parties],
+               "verdicts": [p.line() for p in self.report.parties], "aggregate": aggregate}
+        if self.rows is not None:
+            out["reliability_samples"] = len(self.rows)
+        return out
 
 
 def apply_trust(plan, received, source, config: RefineConfig, dev: torch.device,
-                 student_given: bool) -> Trusted:
+                student_given: bool) -> Trusted:
     """Measure every local model on the target set (mrtf.trust.reliability), leave the
     excluded ones out of the teachers and rebuild θ_{t+1} from the others with capped,
-    verdict-scaled weights and ``config.aggregate``. Changes ``plan`` in place."""
+    verdict-scaled weights and ``config.aggregate``. Changes ``plan`` in place.
+
+    Above mrtf.trust.received.TRUST_SAMPLE target samples they are measured on a subset
+    seeded by ``config.seed`` (the same in both refine paths and ``inspect --data``) and no
+    logits are kept; else on every sample, and the kept models' logits are returned for
+    reuse as teachers."""
+    from mrtf.io.hdf5 import RowSubset
+    from mrtf.trust.received import sample_note, sample_rows
     from mrtf.trust.reliability import assess
 
     locals_r = newest_locals(received)
-    out = teacher_logits(plan.locals_, source, config.inference_batch, dev, None,
+    total = len(source)
+    rows = sample_rows(total, config.seed)
+    seen = source if rows is None else RowSubset(source, rows)
+    out = teacher_logits(plan.locals_, seen, config.inference_batch, dev, None,
                          config.stack, progress=config.progress)
     check_finite(out.logits)
     k = len(locals_r)
     report = assess(plan.names[:k], out.logits,
                     None if plan.heterogeneous else [m.state_dict for m in locals_r],
                     [m.meta.n_samples for m in locals_r], [m.meta.train_loss for m in locals_r])
+    if rows is not None:
+        report.notes.append(sample_note(rows, total, config.seed))
+    keep = _act(plan, locals_r, report, config, dev, student_given)
+    plan.notes.extend(f"party reliability: {n}" for n in report.notes)
+    # a claim of a party not trusted is not used for u_t either (st+rd, mrtf)
+    kept = [locals_r[i] for i in keep if report.parties[i].verdict == "trusted"] or \
+        [locals_r[i] for i in keep]
+    return Trusted(kept, out.logits[keep] if rows is None else None,
+                   [report.parties[i].factor for i in keep], report, rows)
+
+
+def _act(plan, locals_r: list, report, config: RefineConfig, dev: torch.device,
+         student_given: bool) -> list[int]:
+    """The verdicts applied to ``plan``: the excluded parties out of the teachers, θ_{t+1}
+    rebuilt from the others (capped, verdict-scaled weights, ``config.aggregate``) when
+    anyone was flagged or the aggregate is not the mean. Returns the kept indices."""
+    k = len(locals_r)
     keep = [i for i in range(k) if i not in report.excluded]
     if not keep:  # nobody left to learn from: keep everyone, and say so
         keep = list(range(k))
@@ -106,7 +143,4 @@ def apply_trust(plan, received, source, config: RefineConfig, dev: torch.device,
                 plan.student = copy.deepcopy(plan.agg)
     plan.locals_ = [plan.locals_[i] for i in keep]
     plan.names = [plan.names[i] for i in keep] + plan.names[k:]
-    # a claim of a party not trusted is not used for u_t either (st+rd, mrtf)
-    kept = [locals_r[i] for i in keep if report.parties[i].verdict == "trusted"] or \
-        [locals_r[i] for i in keep]
-    return Trusted(kept, out.logits[keep], [report.parties[i].factor for i in keep], report)
+    return keep
