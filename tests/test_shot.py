@@ -99,6 +99,31 @@ def test_adapt_deterministic_and_seed_matters():
     assert any(not torch.equal(runs[0][k], runs[2][k]) for k in runs[0])
 
 
+def test_pseudo_labels_by_blocks_from_a_spill_equal_in_memory(tmp_path, monkeypatch):
+    """The streaming refinery's features are a scratch file read by row blocks (blocks that
+    do not divide M here): the same labels as from the array."""
+    import mrtf.refinery.shot as shot
+    from mrtf.refinery.spill import Scratch
+
+    probs, feats, _ = _clusters(seed=3, per=50)
+    want = shot_pseudo_labels(probs, feats)
+    monkeypatch.setattr(shot, "_LABEL_BLOCK", 37)
+    np.testing.assert_array_equal(shot_pseudo_labels(probs, feats), want)
+    with Scratch(tmp_path) as sc:
+        spill = sc.array("f", feats.shape)
+        spill.write(0, feats)
+        np.testing.assert_array_equal(shot_pseudo_labels(probs, spill), want)
+
+
+def test_adapt_with_spilled_features_equals_in_memory(tmp_path):
+    src = _images()
+    a = shot_adapt(_lenet(), src, FAST, seed=3).state_dict()
+    b = shot_adapt(_lenet(), src, FAST, seed=3, spill=True, scratch_dir=str(tmp_path))
+    for k, v in b.state_dict().items():
+        assert torch.equal(a[k], v), k
+    assert list(tmp_path.iterdir()) == []  # the scratch folder is gone
+
+
 def test_adapt_any_module_via_hook():
     """A plain nn.Sequential (no forward_features): the hook on the last Linear finds features."""
     torch.manual_seed(0)

@@ -21,11 +21,14 @@ def prototypes(targets: np.ndarray, features: np.ndarray, chunk: int = 8192,
     A class with mass ≤ 1e-6 gets a zero prototype (it is excluded downstream).
     """
     mass = targets.astype(np.float64).sum(0)
-    protos = np.zeros((targets.shape[1], features.shape[1]), dtype=np.float64)
+    protos = None  # its width is the basis' (which may add columns), known at the first chunk
     for s in range(0, len(targets), chunk):
         f = features[s:s + chunk]
         f = f if basis is None else basis(f)
-        protos += targets[s:s + chunk].astype(np.float64).T @ f.astype(np.float64)
+        part = targets[s:s + chunk].astype(np.float64).T @ f.astype(np.float64)
+        protos = part if protos is None else protos + part
+    if protos is None:
+        protos = np.zeros((targets.shape[1], features.shape[1]), dtype=np.float64)
     ok = mass > _MASS_EPS
     protos[ok] /= mass[ok, None]
     protos[~ok] = 0.0

@@ -334,15 +334,16 @@ def _novelty(plan: _Plan, logits: np.ndarray, used, config: RefineConfig,
 
 
 def _fit(student: nn.Module, source, targets: np.ndarray, config: RefineConfig,
-         dev: torch.device, novelty: Novelty | None) -> nn.Module:
+         dev: torch.device, novelty: Novelty | None, streaming: bool = False) -> nn.Module:
     """Distil ``targets`` into ``student`` (Eq. 1-2), or, when the target is new to the
-    parties, adapt it to the target with SHOT under the same step budget (novelty.py)."""
+    parties, adapt it to the target with SHOT under the same step budget (novelty.py; the
+    streaming path keeps SHOT's features in a scratch file in ``config.scratch_dir``)."""
     if novelty is not None and novelty.adapt:
         from mrtf.refinery.shot import ShotSettings, shot_adapt
 
         return shot_adapt(student, source, ShotSettings(steps=config.steps,
                                                         batch_size=config.batch_size),
-                          config.seed, dev, config.progress)
+                          config.seed, dev, config.progress, streaming, config.scratch_dir)
     return distill(student, source, targets, config.steps, config.batch_size, config.lr,
                    config.seed, dev, config.variant, config.progress)
 

@@ -25,6 +25,7 @@ from mrtf.refinery.distill import _batches, gather_rows
 
 _EPS = 1e-5  # inside log(mean prediction), as SHOT's code: finite when a class mean is 0
 _CHUNK = 1024  # rows per inference chunk of the pseudo-label pass
+_LABEL_BLOCK = 65_536  # rows per block of the nearest-centroid pass
 
 
 @dataclass(frozen=True)
@@ -78,27 +79,38 @@ def shot_pseudo_labels(probs: np.ndarray, features: np.ndarray, iterations: int 
     As in SHOT's code, features get a constant 1 appended before L2 normalisation (an all-zero
     ReLU feature stays defined), and only classes that are the argmax of some sample can be
     labels (a class nobody predicts would get a centroid from residual probability mass).
-    Pure numpy, deterministic; the inputs are not modified.
+    Pure numpy, deterministic; the inputs are not modified. ``features`` may be any array
+    read by row slices (the streaming refinery's spill.SpillArray): it is read in blocks, so
+    the (M, D + 1) normalised copy is never made, and the labels are the same either way.
     """
-    if probs.ndim != 2 or features.ndim != 2 or len(probs) != len(features) or not len(probs):
+    if probs.ndim != 2 or len(features.shape) != 2 or len(probs) != len(features) or \
+            not len(probs):
         raise InputError(f"need probs (M, C) and features (M, D) with the same M > 0, got "
-                         f"{probs.shape} and {features.shape}")
+                         f"{probs.shape} and {tuple(features.shape)}")
     labels = probs.argmax(1).astype(np.int64)
     if iterations == 0:
         return labels
-    f = np.concatenate([features.astype(np.float32), np.ones((len(features), 1), np.float32)], 1)
-    f /= np.linalg.norm(f, axis=1, keepdims=True)
     allowed = np.bincount(labels, minlength=probs.shape[1]) > 0
     weights = probs.astype(np.float32)
     for _ in range(iterations):
-        centroids, _ = prototypes(weights, f)  # Eq. 4 (soft δ), then Eq. 6 (one-hot)
+        # Eq. 4 (soft δ), then Eq. 6 (one-hot); float64 sums over row blocks
+        centroids, _ = prototypes(weights, features, basis=_with_one)
         norm = np.linalg.norm(centroids, axis=1, keepdims=True)
         ok = allowed & (norm[:, 0] > 0)  # an emptied cluster (zero centroid) attracts nobody
-        c = centroids / np.maximum(norm, 1e-12)
-        sim = f @ c.astype(np.float32).T  # argmin cosine distance = argmax cosine similarity
-        labels = np.where(ok[None], sim, -np.inf).argmax(1).astype(np.int64)  # Eq. 5
+        c = (centroids / np.maximum(norm, 1e-12)).astype(np.float32).T
+        for s in range(0, len(labels), _LABEL_BLOCK):
+            # argmin cosine distance = argmax cosine similarity (Eq. 5), row by row
+            sim = _with_one(features[s:s + _LABEL_BLOCK]) @ c
+            labels[s:s + len(sim)] = np.where(ok[None], sim, -np.inf).argmax(1)
         weights = np.eye(probs.shape[1], dtype=np.float32)[labels]
     return labels
+
+
+def _with_one(h: np.ndarray) -> np.ndarray:
+    """SHOT's feature basis, row-wise: a constant 1 appended, then L2 normalised."""
+    f = np.concatenate([np.asarray(h, np.float32), np.ones((len(h), 1), np.float32)], 1)
+    f /= np.linalg.norm(f, axis=1, keepdims=True)
+    return f
 
 
 def _last_linear(model: nn.Module) -> nn.Linear:
@@ -112,23 +124,46 @@ def _last_linear(model: nn.Module) -> nn.Linear:
 
 @torch.inference_mode()
 def _refresh(model: nn.Module, head: nn.Linear, source, iterations: int,
-             dev: torch.device) -> torch.Tensor:
+             dev: torch.device, spill: bool = False, scratch_dir: str | None = None
+             ) -> torch.Tensor:
     """Pseudo-labels over the whole ``source``, streamed, in eval mode (SHOT labels with the
-    network in eval mode): features are the input of ``head``, taken with a forward hook."""
+    network in eval mode): features are the input of ``head``, taken with a forward hook.
+    The (M, C) predictions are held; the (M, D) features too, or, with ``spill`` (the
+    streaming refinery), written to a scratch file in ``scratch_dir`` (default: the system's
+    temporary folder) and read back by blocks."""
+    from contextlib import nullcontext
+
+    from mrtf.refinery.spill import Scratch
+
     model.eval()
-    probs, feats = [], []
-    hook = head.register_forward_pre_hook(lambda _m, inp: feats.append(inp[0].flatten(1)))
+    m = len(source)
+    probs: np.ndarray | None = None
+    feats = None
+    got: list[torch.Tensor] = []
+    hook = head.register_forward_pre_hook(lambda _m, inp: got.append(inp[0].flatten(1)))
     try:
-        for _, x in source.chunks(_CHUNK):
-            probs.append(F.softmax(model(torch.from_numpy(np.ascontiguousarray(x)).to(dev)), 1))
+        with Scratch(scratch_dir) if spill else nullcontext() as scratch:
+            for start, x in source.chunks(_CHUNK):
+                p = F.softmax(model(torch.from_numpy(np.ascontiguousarray(x)).to(dev)), 1)
+                p, h = p.float().cpu().numpy(), got.pop().float().cpu().numpy()
+                if not (np.isfinite(p).all() and np.isfinite(h).all()):
+                    raise FusionError("SHOT: the model's predictions or features are not "
+                                      "finite")
+                if probs is None:
+                    probs = np.empty((m, p.shape[1]), np.float32)
+                    feats = scratch.array("shot-features", (m, h.shape[1])) \
+                        if scratch is not None else np.empty((m, h.shape[1]), np.float32)
+                probs[start:start + len(p)] = p
+                if scratch is not None:
+                    feats.write(start, h)
+                else:
+                    feats[start:start + len(h)] = h
+            assert probs is not None
+            labels = shot_pseudo_labels(probs, feats, iterations)
     finally:
         hook.remove()
-    p = torch.cat(probs).float().cpu().numpy()
-    h = torch.cat(feats).float().cpu().numpy()
-    if not (np.isfinite(p).all() and np.isfinite(h).all()):
-        raise FusionError("SHOT: the model's predictions or features are not finite")
     model.train()
-    return torch.from_numpy(shot_pseudo_labels(p, h, iterations))
+    return torch.from_numpy(labels)
 
 
 def _loss(logits: torch.Tensor, labels: torch.Tensor | None, cfg: ShotSettings
@@ -145,7 +180,8 @@ def _loss(logits: torch.Tensor, labels: torch.Tensor | None, cfg: ShotSettings
 
 
 def shot_adapt(model: nn.Module, source, settings: ShotSettings | None = None, seed: int = 0,
-               device: torch.device | str | None = None, progress: bool = False) -> nn.Module:
+               device: torch.device | str | None = None, progress: bool = False,
+               spill: bool = False, scratch_dir: str | None = None) -> nn.Module:
     """Adapt ``model`` in place (no copy) to the unlabeled ``source`` (H5Dataset/ArraySource).
 
     The last ``nn.Linear`` (hypothesis) is frozen; the rest is trained in train mode with Adam
@@ -153,7 +189,8 @@ def shot_adapt(model: nn.Module, source, settings: ShotSettings | None = None, s
     :func:`shot_pseudo_labels` on the head's input features, refreshed every
     ``refresh_every`` steps over the whole source. The head's ``requires_grad`` is restored.
     Deterministic given ``seed``. Returned in eval mode on the device it came on; FusionError on
-    a non-finite loss.
+    a non-finite loss. ``spill``: the pseudo-label pass keeps the target's features in a
+    scratch file in ``scratch_dir``, not in memory (the streaming refinery; the same labels).
     """
     cfg = settings or ShotSettings()
     cfg.validate()
@@ -165,7 +202,7 @@ def shot_adapt(model: nn.Module, source, settings: ShotSettings | None = None, s
     for p, _ in saved:
         p.requires_grad_(False)  # the source hypothesis is kept (SHOT Sect. 3.2)
     try:
-        _train(model, head, source, cfg, seed, dev, progress)
+        _train(model, head, source, cfg, seed, dev, progress, spill, scratch_dir)
     finally:
         for p, flag in saved:
             p.requires_grad_(flag)
@@ -173,7 +210,8 @@ def shot_adapt(model: nn.Module, source, settings: ShotSettings | None = None, s
 
 
 def _train(model: nn.Module, head: nn.Linear, source, cfg: ShotSettings, seed: int,
-           dev: torch.device, progress: bool) -> None:
+           dev: torch.device, progress: bool, spill: bool = False,
+           scratch_dir: str | None = None) -> None:
     params = [p for p in model.parameters() if p.requires_grad]
     m = len(source)
     if not params or cfg.steps == 0 or (min(cfg.batch_size, m) < 2 and has_batchnorm(model)):
@@ -191,7 +229,7 @@ def _train(model: nn.Module, head: nn.Linear, source, cfg: ShotSettings, seed: i
     model.train()
     for step, idx in enumerate(tqdm(batches, desc="shot", leave=False, disable=not progress)):
         if cfg.beta > 0 and step % every == 0:
-            labels = _refresh(model, head, source, cfg.cluster_iters, dev)
+            labels = _refresh(model, head, source, cfg.cluster_iters, dev, spill, scratch_dir)
         x = torch.from_numpy(data[np.searchsorted(rows, idx)]).to(dev)
         loss = _loss(model(x), None if labels is None else labels[idx].to(dev), cfg)
         value = float(loss.detach())

@@ -20,7 +20,9 @@ every later stage reads them back a block at a time:
    statistics (``--class-prior uniform`` divides their class bias out in place), Dawid-Skene
    EM with block-wise statistics and the parties' trust factors (streaming_adaptive.py),
    k-means trained on a sample and assigned by blocks;
-4. distillation as in memory (it holds steps × batch rows, not M);
+4. distillation as in memory (it holds steps × batch rows, not M), or, where the default
+   adapts θ_{t+1} to a target new to the parties, SHOT with its pseudo-label pass's
+   features in a scratch file (shot.py);
 5. final prediction, streamed.
 
 Held in memory: the (M, C) targets, θ_{t+1}'s and the refined model's softmax, the adaptive
@@ -44,7 +46,6 @@ from mrtf.device import pick_device
 from mrtf.errors import InputError
 from mrtf.refinery.cluster import prototype_targets
 from mrtf.refinery.config import METHOD_SPECS, RefineConfig
-from mrtf.refinery.distill import distill
 from mrtf.refinery.spill import Scratch, SpillArray, TeacherMajor
 from mrtf.refinery.streaming_adaptive import SourceStats, adaptive_targets_blocks
 from mrtf.refinery.teachers import TeacherChunks, _softmax_np
@@ -128,6 +129,7 @@ def refine_streaming(received, source, config: RefineConfig,
         teachers += ([plan.start] if plan.start is not None else []) + [self_model]
     extra: dict[str, Any] = {}
     local = None  # the calibration's evidence (trust.calibration.Signals)
+    novelty = None
     with Scratch(config.scratch_dir) as scratch:
         t0 = time.perf_counter()
         sink = None
@@ -155,10 +157,6 @@ def refine_streaming(received, source, config: RefineConfig,
             timings["calibration"] = time.perf_counter() - t0
             novelty = pl._novelty(plan, TeacherMajor(sink.logits), used, config,
                                   student is not None)
-            if novelty is not None and novelty.adapt:
-                notes.append(f"{novelty.line()}; the streaming path cannot adapt yet (SHOT "
-                             "holds the features in memory): it distils the vote, "
-                             "--stream off adapts")
             factors = None if trusted is None else \
                 trusted.factors + [1.0] * (len(teachers) - len(plan.locals_))
             targets, extra = _targets(plan, sink, config, u, skip_clr, before, factors)
@@ -166,9 +164,8 @@ def refine_streaming(received, source, config: RefineConfig,
             if local is not None:
                 local.consensus = np.asarray(targets, np.float32)
     if sink is not None:
-        t0 = time.perf_counter()
-        model = distill(student_model, source, targets, config.steps, config.batch_size,
-                        config.lr, config.seed, dev, config.variant, config.progress)
+        t0 = time.perf_counter()  # SHOT's features, when it adapts, go to a scratch file
+        model = pl._fit(student_model, source, targets, config, dev, novelty, streaming=True)
         timings["distill"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     probs = before if not teachers else pl.predict_probs(model, source, config.inference_batch,
@@ -179,6 +176,8 @@ def refine_streaming(received, source, config: RefineConfig,
             "notes": notes, "config": asdict(config), "streaming": True}
     if "adaptive" in extra:
         info.update(pl._trust_info(extra["adaptive"], probs, before))
+    if novelty is not None:
+        info["novelty"] = {**asdict(novelty), "line": novelty.line()}
     t0 = time.perf_counter()
     cal, entries = calibrated(probs, before, local, info.get("estimated_accuracy"))
     info.update(entries)
