@@ -23,7 +23,7 @@ from torch import nn
 from mrtf.averaging import average_received
 from mrtf.device import pick_device
 from mrtf.errors import InputError, first_line
-from mrtf.refinery.adaptive import adaptive_targets, estimated_accuracy, input_independent
+from mrtf.refinery.adaptive import adaptive_targets, input_independent
 from mrtf.refinery.cluster import prototype_targets
 from mrtf.refinery.config import METHOD_SPECS, METHODS, REF_STD_BATCH, VARIANTS, RefineConfig
 from mrtf.refinery.distill import distill
@@ -40,7 +40,13 @@ from mrtf.refinery.teachers import (
     stabilized_probs,
     teacher_logits,
 )
-from mrtf.refinery.trusted import apply_trust, calibrated, signals_of, trust_on
+from mrtf.refinery.trusted import (
+    adaptive_info,
+    apply_trust,
+    calibrated,
+    signals_of,
+    trust_on,
+)
 
 __all__ = ["METHODS", "METHOD_SPECS", "VARIANTS", "RefineConfig", "RefineResult", "refine"]
 
@@ -309,10 +315,19 @@ def refine(received, source, config: RefineConfig | None = None,
     info = {"method": config.method, "variant": config.variant, "u_t": u,
             "teachers": len(plan.locals_), "heterogeneous": plan.heterogeneous,
             "notes": notes, "config": asdict(config)}
-    if "adaptive" in extra:
-        info.update(_trust_info(extra["adaptive"], probs, before))
-    if "novelty" in extra:
-        info["novelty"] = {**asdict(extra["novelty"]), "line": extra["novelty"].line()}
+    return finish(model, probs, targets, before, info, extra.get("adaptive"),
+                  extra.get("novelty"), signals, trusted, config, timings)
+
+
+def finish(model: nn.Module, probs: np.ndarray, targets: np.ndarray, before: np.ndarray,
+           info: dict[str, Any], adaptive, novelty: Novelty | None, signals, trusted,
+           config: RefineConfig, timings: dict[str, float]) -> RefineResult:
+    """The result both refine paths return: ``info`` with the adaptive method's account,
+    the vote-or-adapt choice, the calibration (timed) and the party reliability."""
+    if adaptive is not None:
+        info.update(adaptive_info(adaptive, probs, before))
+    if novelty is not None:
+        info["novelty"] = {**asdict(novelty), "line": novelty.line()}
     t0 = time.perf_counter()
     cal, entries = calibrated(probs, before, signals, info.get("estimated_accuracy"))
     info.update(entries)
@@ -379,20 +394,3 @@ def _notes(received, plan: _Plan, config: RefineConfig) -> tuple[list[str], bool
                      "rounds (--clr-min-round): clustered label refinery skipped")
     return notes, skip_clr
 
-
-def _trust_info(adaptive, probs: np.ndarray, before: np.ndarray) -> dict[str, Any]:
-    """The adaptive method's account: one line per source, and label-free accuracy estimates
-    of the refined and the averaged model under the consensus."""
-    info: dict[str, Any] = {"sources": [asdict(t) for t in adaptive.sources],
-                            "trust": [t.line() for t in adaptive.sources],
-                            "consensus_confidence": adaptive.confidence,
-                            "cluster_weight": adaptive.cluster_weight,
-                            "debias_strength": adaptive.debias_strength}
-    if adaptive.debias_strength > 0:
-        info["trust"].append(f"class prior: uniform, each model's class bias divided out "
-                             f"(strength {adaptive.debias_strength:.2f})")
-    if adaptive.consensus is not None:
-        post = adaptive.consensus.posterior
-        info["estimated_accuracy"] = {"refined": estimated_accuracy(post, probs),
-                                      "averaged": estimated_accuracy(post, before)}
-    return info

@@ -49,7 +49,7 @@ from mrtf.refinery.config import METHOD_SPECS, RefineConfig
 from mrtf.refinery.spill import Scratch, SpillArray, TeacherMajor
 from mrtf.refinery.streaming_adaptive import SourceStats, adaptive_targets_blocks
 from mrtf.refinery.teachers import TeacherChunks, _softmax_np
-from mrtf.refinery.trusted import apply_trust, calibrated, trust_on, with_neighbours
+from mrtf.refinery.trusted import apply_trust, trust_on, with_neighbours
 
 if TYPE_CHECKING:  # pipeline imports this module lazily; no import cycle at run time
     from mrtf.refinery.pipeline import RefineResult
@@ -174,17 +174,8 @@ def refine_streaming(received, source, config: RefineConfig,
     info = {"method": config.method, "variant": config.variant, "u_t": u,
             "teachers": len(plan.locals_), "heterogeneous": plan.heterogeneous,
             "notes": notes, "config": asdict(config), "streaming": True}
-    if "adaptive" in extra:
-        info.update(pl._trust_info(extra["adaptive"], probs, before))
-    if novelty is not None:
-        info["novelty"] = {**asdict(novelty), "line": novelty.line()}
-    t0 = time.perf_counter()
-    cal, entries = calibrated(probs, before, local, info.get("estimated_accuracy"))
-    info.update(entries)
-    timings["calibration"] += time.perf_counter() - t0
-    if trusted is not None:
-        info.update(trusted.info(config.aggregate))
-    return pl.RefineResult(model.eval().cpu(), probs, targets, before, info, timings, cal)
+    return pl.finish(model, probs, targets, before, info, extra.get("adaptive"), novelty,
+                     local, trusted, config, timings)
 
 
 def _local_signals(sink: _Pass, k: int, before: np.ndarray):

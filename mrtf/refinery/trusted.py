@@ -5,13 +5,14 @@ own; ``refine`` calls these when ``trust_on(config)``."""
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from mrtf.averaging import average_received
+from mrtf.refinery.adaptive import estimated_accuracy
 from mrtf.refinery.config import RefineConfig
 from mrtf.refinery.teachers import check_finite, newest_locals, teacher_logits
 
@@ -54,6 +55,24 @@ def calibrated(probs: np.ndarray, before: np.ndarray, signals, consensus_view) -
                                         "plus_minus": cal.plus_minus, "method": cal.method,
                                         "averaged": averaged, "consensus_view": consensus_view},
                  "calibration": cal.attrs()}
+
+
+def adaptive_info(adaptive, probs: np.ndarray, before: np.ndarray) -> dict[str, Any]:
+    """The adaptive method's account: one line per source, and label-free accuracy estimates
+    of the refined and the averaged model under the consensus."""
+    info: dict[str, Any] = {"sources": [asdict(t) for t in adaptive.sources],
+                            "trust": [t.line() for t in adaptive.sources],
+                            "consensus_confidence": adaptive.confidence,
+                            "cluster_weight": adaptive.cluster_weight,
+                            "debias_strength": adaptive.debias_strength}
+    if adaptive.debias_strength > 0:
+        info["trust"].append(f"class prior: uniform, each model's class bias divided out "
+                             f"(strength {adaptive.debias_strength:.2f})")
+    if adaptive.consensus is not None:
+        post = adaptive.consensus.posterior
+        info["estimated_accuracy"] = {"refined": estimated_accuracy(post, probs),
+                                      "averaged": estimated_accuracy(post, before)}
+    return info
 
 
 def trust_on(config: RefineConfig) -> bool:
