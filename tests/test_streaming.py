@@ -165,9 +165,12 @@ def test_trust_on_a_sample_of_a_large_target(digits_oneshot, tmp_path, monkeypat
     assert [p.to_dict() for p in report.parties] == mem.info["reliability"]
 
 
-def test_cli_stream_on_names_the_poisoned_party(digits_federation, tmp_path):
+def test_cli_stream_on_names_the_poisoned_party(digits_federation, tmp_path, monkeypatch):
+    import json
+
     from click.testing import CliRunner
 
+    import mrtf.trust.received as tr
     from mrtf.cli.main import cli
     from mrtf.io.bundles import save_bundle
 
@@ -176,12 +179,18 @@ def test_cli_stream_on_names_the_poisoned_party(digits_federation, tmp_path):
     (tmp_path / "bad").mkdir()
     for m in bad.models:
         save_bundle(tmp_path / "bad" / m.path.name, m.state_dict, m.meta)
-    res = CliRunner().invoke(cli, ["refine", str(tmp_path / "bad"), "--data", str(target),
-                                   "--labels", str(tmp_path / "out" / "l.h5"), "--steps", "5",
-                                   "--stream", "on", "--aggregate", "median"],
+    args = ["refine", str(tmp_path / "bad"), "--data", str(target), "--steps", "5",
+            "--stream", "on", "--aggregate", "median"]
+    res = CliRunner().invoke(cli, [*args, "--labels", str(tmp_path / "out" / "l.h5")],
                              catch_exceptions=False)
     assert res.exit_code == 0, res.output
     assert f"{_name(bad)} (excluded)" in res.output
+    monkeypatch.setattr(tr, "TRUST_SAMPLE", 200)  # the target has 300 samples
+    res = CliRunner().invoke(cli, [*args, "--labels", str(tmp_path / "out2" / "l.h5"),
+                                   "--json"], catch_exceptions=False)
+    summary = json.loads(res.output)
+    assert summary["reliability_samples"] == 200
+    assert {p["name"]: p["verdict"] for p in summary["reliability"]}[_name(bad)] == "excluded"
 
 
 def test_streaming_adapts_to_a_new_target_as_in_memory(setup, tmp_path):
