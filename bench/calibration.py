@@ -16,6 +16,12 @@ error (a scenario = one cell kind, its 3 seeds); ``--report`` uses the library's
 i.e. what ``mrtf refine`` does, so its numbers are in-sample for the fitted constants (the
 LOSO column of ``--fit`` is the honest out-of-sample figure). ``--fallback``: the same for the
 earlier model without neighbourhoods.
+
+``--bands --fresh DIR --fresh-grid GRID`` sets mrtf.trust.calibration.ERROR_BANDS: the
+out-of-sample errors of the grid's leave-one-scenario-out estimates, the T = 200 cells and
+the fresh cells of bench/calibration_fresh.py (DIR = its ``calib`` dumps, GRID = its
+``received`` cells) per band of the estimate (RMS, 90th percentile of |error|: the ± refine
+prints), and how often each rule's ± held.
 """
 
 from __future__ import annotations
@@ -140,6 +146,32 @@ def loso(cells: dict[str, dict], c: float = 0.05) -> dict[str, float]:
     return est
 
 
+def bands(grid_cells: dict[str, dict], fresh_cells: dict[str, dict], c: float = 0.05) -> None:
+    """The out-of-sample error of the estimate by its level (module docstring, --bands)."""
+    from mrtf.trust.calibration import ERROR_BANDS, GRID_ERROR, band_error
+
+    est = loso(grid_cells, c)
+    rows = [("grid", est[k], float(v["ok"].mean())) for k, v in grid_cells.items()]
+    rows += [("fresh", calibrate(v["probs"], v["signals"]).estimated_accuracy,
+              float(v["ok"].mean())) for v in fresh_cells.values()]
+    print("| band of the estimate | cells | RMS error: grid LOSO + T200 / fresh / all | 90th "
+          "percentile of |error| | max |error| | mean error | ± held (banded / flat 0.092) |\n"
+          "|---|---|---|---|---|---|---|")
+    edges = [lo for lo, _ in ERROR_BANDS]
+    for i, lo in enumerate(edges):
+        hi = edges[i - 1] if i else 1.0 + 1e-9
+        sel = [(src, e, a) for src, e, a in rows if lo <= e < hi]
+        err = {src: np.array([e - a for s2, e, a in sel if s2 == src])
+               for src in ("grid", "fresh")}
+        both = np.concatenate(list(err.values()))
+        rms = [f"{np.sqrt(np.mean(x ** 2)):.3f}" if len(x) else "–" for x in (*err.values(), both)]
+        held = [np.mean([abs(e - a) <= rule(e) for _, e, a in sel])
+                for rule in (band_error, lambda _e: GRID_ERROR)]
+        print(f"| [{lo:.2f}, {min(hi, 1.0):.2f}) | {len(sel)} | {' / '.join(rms)} | "
+              f"{np.quantile(np.abs(both), 0.9):.3f} | {np.abs(both).max():.3f} | "
+              f"{both.mean():+.3f} | {held[0]:.0%} / {held[1]:.0%} |")
+
+
 def perfect_above(conf: np.ndarray, bar: float, draws: int = 1000, seed: int = 0) -> float:
     """How often a perfectly calibrated confidence (each sample right with probability
     ``conf``) shows an ECE above ``bar`` on these samples: the sampling floor's tail."""
@@ -158,12 +190,18 @@ def main() -> None:
     ap.add_argument("--C", type=float, default=0.05, help="inverse L2 strength of the fit")
     ap.add_argument("--fallback", action="store_true",
                     help="the fallback model (no target neighbourhoods)")
+    ap.add_argument("--bands", action="store_true",
+                    help="the estimate's out-of-sample error by its level (needs --fresh)")
+    ap.add_argument("--fresh", help="--bands: calibration_fresh.py's calib/ dumps")
+    ap.add_argument("--fresh-grid", help="--bands: calibration_fresh.py's received/ cells")
     args = ap.parse_args()
     root = Path(args.out)
     root.mkdir(parents=True, exist_ok=True)
     if args.dump:
         dump(args.grid, root)
     cells = load(root, args.grid, args.fallback)
+    if args.bands:
+        bands(cells, load(Path(args.fresh), args.fresh_grid), args.C)
     if args.fit:
         coef = fit(cells, args.C)
         print("COEF = (" + ", ".join(f"{w:.4f}" for w in coef) + ")")

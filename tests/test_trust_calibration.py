@@ -175,3 +175,20 @@ def test_blockwise_calibration_equals_the_whole_matrix():
                                cal.features(p, s) @ w[:-1] + w[-1], rtol=0, atol=1e-12)
     assert cal.temperature_for(p, 0.7, block=97) == \
         pytest.approx(cal.temperature_for(p, 0.7, block=m), rel=1e-9)
+
+
+def test_plus_minus_follows_the_estimate_level():
+    """The calibrated estimate's ± is what 9 in 10 out-of-sample estimates at its level held
+    (ERROR_BANDS): narrow where estimates were good (≥ 0.85), wide where they were not."""
+    from mrtf.trust.calibration import ERROR_BANDS, band_error
+
+    assert [band_error(e) for e in (0.99, 0.85, 0.849, 0.4, 0.39, 0.0)] == \
+        [ERROR_BANDS[0][1]] * 2 + [ERROR_BANDS[1][1]] * 2 + [ERROR_BANDS[2][1]] * 2
+    assert ERROR_BANDS[0][1] < ERROR_BANDS[1][1] < ERROR_BANDS[2][1]
+    s, probs = _signals()
+    s.neighbours = np.random.default_rng(0).integers(0, 200, size=(200, 10)).astype(np.int32)
+    cal = calibrate(probs, s)
+    assert "fallback" not in cal.method
+    assert cal.plus_minus == pytest.approx(max(band_error(cal.estimated_accuracy),
+                                               2 * np.sqrt(cal.estimated_accuracy
+                                                           * (1 - cal.estimated_accuracy) / 200)))
