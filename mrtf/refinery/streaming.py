@@ -218,7 +218,7 @@ def _adaptive(plan, sink: _Pass, logits: TeacherMajor, config: RefineConfig,
 
     assert sink.logits is not None
     k, _, c = logits.shape
-    stats = SourceStats(k, c)
+    stats = SourceStats(k, c, class_bias=config.class_prior == "uniform")
     # the generator reads block s+1 only after block s is written back: in place is safe
     for s, q in pl._stabilized_blocks(logits, config):
         stats.add(q)
