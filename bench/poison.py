@@ -1,11 +1,14 @@
 """Poisoned parties (issue 13): how much does one bad party cost each method's labels?
 
 Received sets of K=10 parties on mnist5k, Dirichlet 0.5, LeNet, 1,000-image target: one-shot
-(1 round, E=20) and after 10 FedAvg rounds (E=2, every party every round). Party 0 (or parties
-0-2) is replaced by: random N(0, 1) weights; its weights × 100; a model trained on its data with
-flipped labels (y + 1 mod 10); an honest model claiming n_samples = 10^6; a flipped model
-claiming n_samples = 10^6 or train_loss = 0; and three flipped parties. The target's y only
-scores. Finished cells are cached under ``--out``, so a stopped run loses nothing.
+(1 round, E=20), after 10 FedAvg rounds (E=2, every party every round), and "weak": one round
+of one local epoch (batch 16), parties that each name one to three classes (the regime of
+bench/scale.py's received sets). Party 0 (or parties 0-2) is replaced by: random N(0, 1)
+weights; its weights × 100; a model trained on its data with flipped labels (y + 1 mod 10);
+its own model with the output layer's class rows rolled by one ("rolled": the same relabelling
+without training); an honest model claiming n_samples = 10^6; a flipped model claiming
+n_samples = 10^6 or train_loss = 0; and three flipped parties. The target's y only scores.
+Finished cells are cached under ``--out``, so a stopped run loses nothing.
 
     OMP_NUM_THREADS=1 python bench/poison.py --shard 0/2 &
     OMP_NUM_THREADS=1 python bench/poison.py --shard 1/2 &
@@ -37,9 +40,11 @@ SETTINGS = {
                           rounds=1, epochs=20, batch_size=32),
     "10-rounds": RunConfig(dataset="mnist5k", clients=10, split="dirichlet:0.5", ratio=1.0,
                            rounds=10, epochs=2, batch_size=32),
+    "weak": RunConfig(dataset="mnist5k", clients=10, split="dirichlet:0.5", ratio=1.0,
+                      rounds=1, epochs=1, batch_size=16),
 }
-POISONS = ("clean", "random", "x100", "flipped", "claims-1e6", "loss-0", "claims-1e6+flipped",
-           "loss-0+flipped", "3-flipped")
+POISONS = ("clean", "random", "x100", "flipped", "rolled", "claims-1e6", "loss-0",
+           "claims-1e6+flipped", "loss-0+flipped", "3-flipped")
 #: ``fedavg:median`` / ``fedavg:trimmed:0.1``: the parameter average aggregated robustly;
 #: ``fedavg+trust``: the average without the parties mrtf.trust excludes (capped claims)
 METHODS = ("fedavg", "feddf", "mrtf", "adaptive", "fedavg:median", "fedavg+trust")
@@ -70,6 +75,15 @@ def _flipped(sim, cfg: RunConfig, k: int, seed: int) -> dict[str, torch.Tensor]:
     return res.model.state_dict()
 
 
+def _rolled(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The same model predicting y + 1: its output layer's class rows rolled by one."""
+    out = dict(state)
+    last = [n for n, v in state.items() if v.dim() == 2][-1]
+    for n in (last, last.replace("weight", "bias")):
+        out[n] = state[n].roll(1, 0)
+    return out
+
+
 def poisoned(rs: ReceivedSet, sim, cfg: RunConfig, poison: str, seed: int) -> ReceivedSet:
     """A copy of ``rs`` with party 0 (parties 0-2 for 3-flipped) replaced by ``poison``."""
     models = [copy.copy(m) for m in rs.models]
@@ -86,6 +100,8 @@ def poisoned(rs: ReceivedSet, sim, cfg: RunConfig, poison: str, seed: int) -> Re
             state = {n: v * 100 if v.is_floating_point() else v for n, v in state.items()}
         elif "flipped" in poison:
             state = _flipped(sim, cfg, k, seed)
+        elif poison == "rolled":
+            state = _rolled(state)
         if "claims-1e6" in poison:
             counts = list(meta.label_counts or [])
             scale = 10**6 / max(1, sum(counts))
@@ -182,6 +198,7 @@ def main() -> None:
     ap.add_argument("--out", default="runs/poison")
     ap.add_argument("--seeds", default=",".join(map(str, SEEDS)))
     ap.add_argument("--shard", default="0/1")
+    ap.add_argument("--settings", default=",".join(SETTINGS))
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--named", action="store_true",
                     help="with --report: which poisoned parties the default named, per cell")
@@ -195,7 +212,7 @@ def main() -> None:
             print(named_report(root))
         return
     i, n = map(int, args.shard.split("/"))
-    jobs = [(s, int(seed)) for s in SETTINGS for seed in args.seeds.split(",")]
+    jobs = [(s, int(seed)) for s in args.settings.split(",") for seed in args.seeds.split(",")]
     for j, (setting, seed) in enumerate(jobs):
         if j % n == i:
             run_cell(setting, seed, root, args.methods.split(","))

@@ -129,3 +129,18 @@ def test_aggregates():
             parse_aggregate(bad)
     with pytest.raises(InputError):
         RefineConfig(aggregate="mode").validate()
+
+
+def test_a_weak_party_with_renamed_outputs_is_named_by_its_weights(digits_federation):
+    """Parties two short rounds old each predict about one class, so no behavioural check
+    can see a relabelling; the output rows, still near θ_t's, show the swap."""
+    received, target, _ = digits_federation
+    rs = load_received(received)
+    clean = _report(rs, target)
+    assert all(p.verdict == "trusted" and p.renamed_rows == 0 for p in clean.parties)
+    report = _report(poison(rs, "flipped"), target)
+    first = report.parties[0]
+    assert [p.name for p in report.flagged] == [first.name]
+    assert first.verdict == "excluded" and first.renamed_rows == 10
+    assert first.reasons == [r for r in first.reasons if "class rows swapped" in r] != []
+    assert "the starting model's" in first.reasons[0]

@@ -36,6 +36,7 @@ from mrtf.refinery.teachers import (
     avg_prob,
     check_finite,
     global_stds,
+    newest_global,
     newest_locals,
     stabilized_probs,
     teacher_logits,
@@ -153,9 +154,8 @@ def _plan(received, source, config: RefineConfig, student: nn.Module | None,
     else:
         agg, _ = average_received(locals_r, aggregate=config.aggregate)
         agg = agg.to(dev)
-        glob = received.by_role("global")
-        if glob:
-            newest = max(glob, key=lambda m: -1 if m.meta.round is None else m.meta.round)
+        newest = newest_global(received)
+        if newest is not None:
             start = newest.build(dev)
         elif METHOD_SPECS[config.method].teachers == "all":
             notes.append("no θ_t (role 'global') received: θ_{t+1} is used for both "

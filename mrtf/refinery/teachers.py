@@ -349,6 +349,14 @@ def newest_locals(received) -> list:
     return [m for m in locals_r if m.meta.round is None or m.meta.round == max(rounds)]
 
 
+def newest_global(received):
+    """θ_t: the newest round's role-'global' model (the round's starting model), or None."""
+    glob = received.by_role("global")
+    if not glob:
+        return None
+    return max(glob, key=lambda m: -1 if m.meta.round is None else m.meta.round)
+
+
 def check_finite(logits: np.ndarray) -> None:
     """Refuse teacher outputs that overflowed: NaN targets would only surface later as a
     diverged distillation or a failed clustering, far from their cause."""

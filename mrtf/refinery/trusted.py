@@ -14,7 +14,7 @@ import torch
 from mrtf.averaging import average_received
 from mrtf.refinery.adaptive import estimated_accuracy
 from mrtf.refinery.config import RefineConfig
-from mrtf.refinery.teachers import check_finite, newest_locals, teacher_logits
+from mrtf.refinery.teachers import check_finite, newest_global, newest_locals, teacher_logits
 
 
 def signals_of(local_logits: np.ndarray, before: np.ndarray, targets: np.ndarray, source):
@@ -122,9 +122,11 @@ def apply_trust(plan, received, source, config: RefineConfig, dev: torch.device,
                          config.stack, progress=config.progress)
     check_finite(out.logits)
     k = len(locals_r)
+    start = newest_global(received)
     report = assess(plan.names[:k], out.logits,
                     None if plan.heterogeneous else [m.state_dict for m in locals_r],
-                    [m.meta.n_samples for m in locals_r], [m.meta.train_loss for m in locals_r])
+                    [m.meta.n_samples for m in locals_r], [m.meta.train_loss for m in locals_r],
+                    None if start is None else start.state_dict)
     if rows is not None:
         report.notes.append(sample_note(rows, total, config.seed))
     keep = _act(plan, locals_r, report, config, dev, student_given)

@@ -3,6 +3,8 @@
 - :mod:`mrtf.trust.reliability`: per-party reliability measured on the unlabeled target set
   (agreement with the leave-one-out consensus, prediction histogram, confidence, weight-space
   distance, claims checked against behaviour) and a verdict per party.
+- :mod:`mrtf.trust.weights`: what the weights alone say (distance, norm, an output layer that
+  is θ_t's with its class rows renamed).
 - :mod:`mrtf.trust.calibration`: a confidence that means what it says, chosen without labels.
 - :mod:`mrtf.trust.estimate`: a label-free estimate of the labels' accuracy.
 - :mod:`mrtf.trust.selective`: abstain on low-confidence samples (``--min-confidence``,

@@ -36,8 +36,7 @@ def assess_received(received, source, device=None, batch_size: int = 1024,
     """The newest round's local models of ``received`` (a ReceivedSet) measured on ``source``
     (H5Dataset or ArraySource; its ``y`` is never read), or on :func:`sample_rows` of it."""
     from mrtf.io.hdf5 import RowSubset
-    from mrtf.refinery.pipeline import newest_locals
-    from mrtf.refinery.teachers import teacher_logits
+    from mrtf.refinery.teachers import newest_global, newest_locals, teacher_logits
 
     if len(source) == 0:
         raise InputError("the target set is empty (0 samples)")
@@ -53,9 +52,11 @@ def assess_received(received, source, device=None, batch_size: int = 1024,
                          "(their weights or the data overflow float32)")
     same = len({(m.meta.arch, json.dumps(m.meta.arch_kwargs, sort_keys=True))
                 for m in locals_r}) == 1
+    start = newest_global(received)
     report = assess([m.name for m in locals_r], out.logits,
                     [m.state_dict for m in locals_r] if same else None,
-                    [m.meta.n_samples for m in locals_r], [m.meta.train_loss for m in locals_r])
+                    [m.meta.n_samples for m in locals_r], [m.meta.train_loss for m in locals_r],
+                    None if start is None else start.state_dict)
     if rows is not None:
         report.notes.append(sample_note(rows, len(source), seed))
     return report

@@ -12,7 +12,8 @@ model behave on its target set. For each local model this module measures
 - its **confidence profile** (mean max softmax probability);
 - its **weight-space distance** from the coordinate-wise median of the parties' weights,
   relative to the median party's distance, and its weight norm relative to the median norm
-  (random weights, weights × 100);
+  (random weights, weights × 100), and whether its **output layer is θ_t's with the class
+  rows renamed** (mrtf.trust.weights; parties too weak for the behavioural checks);
 - its **claims** (``n_samples``, ``train_loss``) against the others' and against its behaviour:
   a claim alone never buys more than :data:`CLAIM_CAP` × the median party's averaging weight.
 
@@ -32,6 +33,8 @@ from typing import Any
 import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
+
+from mrtf.trust.weights import renamed_outputs, weight_geometry
 
 #: a claimed n_samples above CLAIM_CAP × the median claim is capped there (averaging weight)
 CLAIM_CAP = 3.0
@@ -56,6 +59,14 @@ AGREE_FRACTION = 0.5
 AGREE_Z = 3.0
 AGREE_MIN_PARTIES = 5
 AGREE_MIN_MEDIAN = 0.3
+#: renamed output layer: the best matching of its class rows to θ_t's moves at least
+#: RENAME_MOVED × C rows (≥ 3) at ≤ RENAME_COST × the identity's squared distance. On 53 clean
+#: received sets (the label-quality grid and the fresh cells; against θ_t and against the
+#: others' median alike) no party moved more than 4 of 10 rows (at 0.65-0.98× the cost); the
+#: same sets with one party's rows rolled by one class moved 9-10 rows at 0.00-0.84× in every
+#: set
+RENAME_MOVED = 0.6
+RENAME_COST = 0.9
 #: a claimed train_loss below LOSS_FRACTION × the median claim is "implausibly low" when the
 #: party's agreement is also below the median party's
 LOSS_FRACTION = 0.1
@@ -77,7 +88,10 @@ class PartyReliability:
     between its predicted-class histogram and the leave-one-out consensus'. confidence: mean
     max softmax probability. weight_distance: ‖θ_k − median‖ / the median party's distance
     (None when the parties' architectures differ or fewer than 3 share it). weight_norm: ‖θ_k‖ /
-    the median norm (None likewise). claimed_samples, claimed_loss: its metadata.
+    the median norm (None likewise). renamed_rows, rename_cost: how many of its output layer's
+    class rows the best matching to θ_t's (else the others' median) rows moves, and at what
+    fraction of the identity's squared distance (mrtf.trust.weights; None where not
+    measured). claimed_samples, claimed_loss: its metadata.
     weight: its share of the parameter average (0 when excluded; claims capped).
     verdict: 'trusted' | 'down-weighted' | 'excluded'. reasons: why, in words.
     """
@@ -92,6 +106,8 @@ class PartyReliability:
     weight_norm: float | None
     claimed_samples: int | None
     claimed_loss: float | None
+    renamed_rows: int | None = None
+    rename_cost: float | None = None
     weight: float = 0.0
     verdict: str = "trusted"
     reasons: list[str] = field(default_factory=list)
@@ -132,17 +148,23 @@ class ReliabilityReport:
 
     def rows(self) -> list[list[Any]]:
         """Table rows for the CLI (party, agreement, mapped, hist TV, confidence, weight
-        distance, norm, claimed n, claimed loss, avg weight, verdict, why)."""
+        distance, norm, renamed output rows, claimed n, claimed loss, avg weight, verdict,
+        why)."""
         def f(v: float | None, fmt: str = ".3f") -> str:
             return "-" if v is None else format(v, fmt)
 
+        def renamed(p: PartyReliability) -> str:
+            return "-" if p.renamed_rows is None else \
+                f"{p.renamed_rows} ({p.rename_cost:.2f})" if p.renamed_rows else "0"
+
         return [[p.name, f(p.agreement), f(p.mapped_agreement), f(p.histogram_tv),
                  f(p.confidence), f(p.weight_distance, ".2f"), f(p.weight_norm, ".2f"),
+                 renamed(p),
                  "-" if p.claimed_samples is None else p.claimed_samples, f(p.claimed_loss),
                  f(p.weight), p.verdict, "; ".join(p.reasons) or "-"] for p in self.parties]
 
-    HEADER = ["party", "agree", "mapped", "hist TV", "conf", "w-dist", "w-norm", "claims n",
-              "claims loss", "avg weight", "verdict", "why"]
+    HEADER = ["party", "agree", "mapped", "hist TV", "conf", "w-dist", "w-norm", "renamed",
+              "claims n", "claims loss", "avg weight", "verdict", "why"]
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
@@ -178,26 +200,6 @@ def behaviour(probs: np.ndarray) -> list[dict[str, float]]:
     return out
 
 
-def weight_geometry(states: Sequence[dict[str, torch.Tensor]]
-                    ) -> tuple[list[float], list[float]] | None:
-    """(distance from the coordinate-wise median / median distance, norm / median norm) per
-    state dict; None when fewer than 3 or their keys / shapes differ."""
-    if len(states) < 3:
-        return None
-    keys = list(states[0])
-    if any(list(s) != keys or any(s[n].shape != states[0][n].shape for n in keys)
-           for s in states):
-        return None
-    flat = torch.stack([torch.cat([s[n].detach().double().flatten() for n in keys
-                                   if s[n].is_floating_point()]) for s in states])
-    med = flat.median(0).values
-    dist = (flat - med).norm(dim=1)
-    norm = flat.norm(dim=1)
-    d0 = float(dist.median()) or 1e-12
-    n0 = float(norm.median()) or 1e-12
-    return [float(d) / d0 for d in dist], [float(n) / n0 for n in norm]
-
-
 def _robust_z(values: np.ndarray) -> np.ndarray:
     med = np.median(values)
     mad = 1.4826 * np.median(np.abs(values - med))
@@ -207,29 +209,35 @@ def _robust_z(values: np.ndarray) -> np.ndarray:
 def assess(names: Sequence[str], logits: np.ndarray,
            states: Sequence[dict[str, torch.Tensor]] | None = None,
            n_samples: Sequence[int | None] | None = None,
-           train_losses: Sequence[float | None] | None = None) -> ReliabilityReport:
+           train_losses: Sequence[float | None] | None = None,
+           reference: dict[str, torch.Tensor] | None = None) -> ReliabilityReport:
     """Reliability of K local models from their target logits (K, M, C) (and, optionally,
     their weights and claims). Never reads labels.
 
     names: the parties. states: their state dicts (weight-space checks when ≥ 3 share one
     architecture). n_samples, train_losses: what they claim (None where not claimed).
+    reference: θ_t's state dict, the round's starting model (the renamed-output check
+    compares with its output rows; without it, with the other parties' median).
     """
     k = len(names)
     logits = np.asarray(logits)
     if logits.shape[0] != k:
         raise ValueError(f"{k} names but logits for {logits.shape[0]} models")
+    c = logits.shape[2]
     n_samples = list(n_samples) if n_samples is not None else [None] * k
     train_losses = list(train_losses) if train_losses is not None else [None] * k
-    probs = _softmax(logits)
-    beh = behaviour(probs)
+    beh = behaviour(_softmax(logits))
     geo = weight_geometry(states) if states is not None else None
+    ren = renamed_outputs(states, c, reference) if states is not None else None
     notes = []
     if geo is None:
         notes.append("weight-space checks skipped (fewer than 3 parties of one architecture)")
     parties = [PartyReliability(names[i], **beh[i],
                                 weight_distance=None if geo is None else geo[0][i],
                                 weight_norm=None if geo is None else geo[1][i],
-                                claimed_samples=n_samples[i], claimed_loss=train_losses[i])
+                                claimed_samples=n_samples[i], claimed_loss=train_losses[i],
+                                renamed_rows=None if ren is None else ren[0][i][0],
+                                rename_cost=None if ren is None else ren[0][i][1])
                for i in range(k)]
     if k < 3:
         notes.append(f"only {k} local models: too few to tell an outlier; all trusted")
@@ -237,38 +245,71 @@ def assess(names: Sequence[str], logits: np.ndarray,
     agree = np.array([p.agreement for p in parties])
     z = _robust_z(agree)
     med_agree = float(np.median(agree))
-    min_moved = max(3, math.ceil(RELABEL_MOVED * logits.shape[2]))
+    losses = [v for v in train_losses if v is not None]
     for i, p in enumerate(parties):
-        excl, down = [], []
-        if p.weight_distance is not None and p.weight_distance > WEIGHT_DIST_MAX:
-            excl.append(f"weights {p.weight_distance:.1f}× the median party's distance "
-                        "from the median")
-        if p.weight_norm is not None and not (1 / WEIGHT_NORM_MAX <= p.weight_norm
-                                              <= WEIGHT_NORM_MAX):
-            excl.append(f"weight norm {p.weight_norm:.2g}× the median party's")
-        if p.mapped_agreement - p.agreement > RELABEL_GAP and \
-                p.agreement < 0.5 * p.mapped_agreement and \
-                p.mapped_agreement >= RELABEL_MAPPED and p.moved_classes >= min_moved:
-            excl.append(f"its labels are a relabelling of the others' (agrees "
-                        f"{p.agreement:.2f}, {p.mapped_agreement:.2f} after renaming classes)")
-        elif k >= AGREE_MIN_PARTIES and med_agree >= AGREE_MIN_MEDIAN and \
-                p.agreement < AGREE_FRACTION * med_agree and z[i] < -AGREE_Z:
-            down.append(f"agrees with the others on {p.agreement:.2f} of the samples "
-                        f"(median party {med_agree:.2f})")
-        loss = p.claimed_loss
-        losses = [v for v in train_losses if v is not None]
-        if loss is not None and loss < ZERO_LOSS:
-            down.append(f"claims train_loss {loss:.3g}, which no trained classifier reaches "
-                        "on real data: its loss is not used")
-        elif loss is not None and len(losses) >= 3 and \
-                loss < LOSS_FRACTION * float(np.median(losses)) and p.agreement < med_agree:
-            down.append(f"claims train_loss {loss:.3g} (median claim "
-                        f"{float(np.median(losses)):.3g}) but agrees with the others less "
-                        "than the median party: its loss is not used")
+        relabel = _relabel_reasons(p, c)
+        excl = _weight_reasons(p, c, "" if ren is None else ren[1]) + relabel
+        # a relabelling already says why it disagrees
+        down = [] if relabel else _disagreement_reasons(p, z[i], med_agree, k)
+        down += _loss_reasons(p, losses, med_agree)
         p.reasons = excl + down
         p.verdict = "excluded" if excl else "down-weighted" if down else "trusted"
     _cap_claims(parties)
     return ReliabilityReport(parties, _avg_weights(parties), notes)
+
+
+def _weight_reasons(p: PartyReliability, c: int, against: str) -> list[str]:
+    """Exclusions the weights alone justify: far from the others, a norm out of range, or
+    an output layer whose class rows are ``against``'s (θ_t's, else the other parties'
+    median) renamed."""
+    out = []
+    if p.weight_distance is not None and p.weight_distance > WEIGHT_DIST_MAX:
+        out.append(f"weights {p.weight_distance:.1f}× the median party's distance "
+                   "from the median")
+    if p.weight_norm is not None and not (1 / WEIGHT_NORM_MAX <= p.weight_norm
+                                          <= WEIGHT_NORM_MAX):
+        out.append(f"weight norm {p.weight_norm:.2g}× the median party's")
+    if p.renamed_rows is not None and p.renamed_rows >= max(3, math.ceil(RENAME_MOVED * c)) \
+            and p.rename_cost <= RENAME_COST:
+        out.append(f"its output layer is {against} with {p.renamed_rows} of {c} class rows "
+                   f"swapped ({p.rename_cost:.2f}× the distance unswapped)")
+    return out
+
+
+def _relabel_reasons(p: PartyReliability, c: int) -> list[str]:
+    """Exclusion when its labels are a relabelling of the others' (many classes moved)."""
+    if p.mapped_agreement - p.agreement > RELABEL_GAP and \
+            p.agreement < 0.5 * p.mapped_agreement and \
+            p.mapped_agreement >= RELABEL_MAPPED and \
+            p.moved_classes >= max(3, math.ceil(RELABEL_MOVED * c)):
+        return [f"its labels are a relabelling of the others' (agrees {p.agreement:.2f}, "
+                f"{p.mapped_agreement:.2f} after renaming classes)"]
+    return []
+
+
+def _disagreement_reasons(p: PartyReliability, z: float, med_agree: float, k: int
+                          ) -> list[str]:
+    """Down-weighting for a party that disagrees with consensus far more than the others
+    (judged only among enough parties that agree among themselves)."""
+    if k >= AGREE_MIN_PARTIES and med_agree >= AGREE_MIN_MEDIAN and \
+            p.agreement < AGREE_FRACTION * med_agree and z < -AGREE_Z:
+        return [f"agrees with the others on {p.agreement:.2f} of the samples "
+                f"(median party {med_agree:.2f})"]
+    return []
+
+
+def _loss_reasons(p: PartyReliability, losses: list[float], med_agree: float) -> list[str]:
+    """Down-weighting for a claimed train_loss no real training reaches, or far below the
+    others' while the party agrees less than the median one: its loss is not used."""
+    loss = p.claimed_loss
+    if loss is not None and loss < ZERO_LOSS:
+        return [f"claims train_loss {loss:.3g}, which no trained classifier reaches on real "
+                "data: its loss is not used"]
+    if loss is not None and len(losses) >= 3 and \
+            loss < LOSS_FRACTION * float(np.median(losses)) and p.agreement < med_agree:
+        return [f"claims train_loss {loss:.3g} (median claim {float(np.median(losses)):.3g}) "
+                "but agrees with the others less than the median party: its loss is not used"]
+    return []
 
 
 def _cap_claims(parties: list[PartyReliability]) -> None:
