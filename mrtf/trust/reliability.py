@@ -60,11 +60,11 @@ AGREE_Z = 3.0
 AGREE_MIN_PARTIES = 5
 AGREE_MIN_MEDIAN = 0.3
 #: renamed output layer: the best matching of its class rows to θ_t's moves at least
-#: RENAME_MOVED × C rows (≥ 3) at ≤ RENAME_COST × the identity's squared distance. On 53 clean
-#: received sets (the label-quality grid and the fresh cells; against θ_t and against the
-#: others' median alike) no party moved more than 4 of 10 rows (at 0.65-0.98× the cost); the
-#: same sets with one party's rows rolled by one class moved 9-10 rows at 0.00-0.84× in every
-#: set
+#: RENAME_MOVED × C rows (≥ 3) at ≤ RENAME_COST × the identity's squared distance. On 54 clean
+#: received sets (the label-quality grid, the fresh cells and bench/scale.py's weak parties;
+#: against θ_t and against the others' median alike; bench/renamed_rows.py) no party moved
+#: more than 4 of 10 rows (at 0.65-0.98× the cost); the same sets with one party's rows
+#: rolled by one class moved 9-10 rows at 0.00-0.84× in every set
 RENAME_MOVED = 0.6
 RENAME_COST = 0.9
 #: a claimed train_loss below LOSS_FRACTION × the median claim is "implausibly low" when the
