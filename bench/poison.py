@@ -75,7 +75,7 @@ def _flipped(sim, cfg: RunConfig, k: int, seed: int) -> dict[str, torch.Tensor]:
     return res.model.state_dict()
 
 
-def _rolled(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def rolled_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The same model predicting y + 1: its output layer's class rows rolled by one."""
     out = dict(state)
     last = [n for n, v in state.items() if v.dim() == 2][-1]
@@ -101,7 +101,7 @@ def poisoned(rs: ReceivedSet, sim, cfg: RunConfig, poison: str, seed: int) -> Re
         elif "flipped" in poison:
             state = _flipped(sim, cfg, k, seed)
         elif poison == "rolled":
-            state = _rolled(state)
+            state = rolled_state(state)
         if "claims-1e6" in poison:
             counts = list(meta.label_counts or [])
             scale = 10**6 / max(1, sum(counts))

@@ -1,6 +1,6 @@
 """How far the renamed-output check (mrtf.trust.weights) is from a false alarm on real
 received sets: every party's output rows matched to θ_t's and to the others' median, as is and
-with party 0's rows rolled by one class (the attack). No target data is read.
+with party 0's rows rolled by one class (bench/poison.py's "rolled"). No target data is read.
 
     python bench/renamed_rows.py runs/label_quality/received/*/received \
         runs/fresh/received/*/received
@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import os
 
-import numpy as np
+from poison import rolled_state
 
 from mrtf.io.bundles import load_received
 from mrtf.refinery.teachers import newest_global, newest_locals
-from mrtf.trust.weights import output_rows, row_renaming
+from mrtf.trust.weights import renamed_outputs
 
 
 def scan(directory: str) -> tuple[list[tuple[int, float]], list[tuple[int, float]],
@@ -26,17 +26,11 @@ def scan(directory: str) -> tuple[list[tuple[int, float]], list[tuple[int, float
     """(clean vs θ_t, clean vs median, rolled party 0 vs θ_t, rolled party 0 vs median)."""
     rs = load_received(directory)
     c = rs.num_classes
-    rows = [output_rows(m.state_dict, c) for m in newest_locals(rs)]
-    theta = output_rows(newest_global(rs).state_dict, c)
-
-    def median_of_others(rr: list[np.ndarray], i: int) -> np.ndarray:
-        return np.median(np.stack([o for j, o in enumerate(rr) if j != i]), 0)
-
-    vs_t = [row_renaming(r, theta) for r in rows]
-    vs_m = [row_renaming(r, median_of_others(rows, i)) for i, r in enumerate(rows)]
-    rolled = [np.roll(rows[0], 1, 0)] + rows[1:]
-    return vs_t, vs_m, row_renaming(rolled[0], theta), \
-        row_renaming(rolled[0], median_of_others(rolled, 0))
+    states = [m.state_dict for m in newest_locals(rs)]
+    theta = newest_global(rs).state_dict
+    rolled = [rolled_state(states[0])] + states[1:]
+    return (renamed_outputs(states, c, theta)[0], renamed_outputs(states, c)[0],
+            renamed_outputs(rolled, c, theta)[0][0], renamed_outputs(rolled, c)[0][0])
 
 
 def main() -> None:

@@ -221,10 +221,10 @@ def poisoned_parties(root: Path, k: int, kind: str) -> Path:
     state = dict(m.state_dict)
     if kind == "x100":
         state = {n: v * 100 if v.is_floating_point() else v for n, v in state.items()}
-    else:  # flipped: the last layer's rows rolled by one class
-        last = [n for n, v in state.items() if v.dim() == 2][-1]
-        for n in (last, last.replace("weight", "bias")):
-            state[n] = state[n].roll(1, 0)
+    else:  # flipped: the last layer's rows rolled by one class (as bench/poison.py's "rolled")
+        from poison import rolled_state
+
+        state = rolled_state(state)
     save_bundle(first, state, m.meta)
     tmp.rename(out)
     return out
