@@ -1,13 +1,18 @@
-"""What ``--class-prior uniform`` gains on balanced targets and costs on skewed ones (issue 10).
+"""What each class prior of the adaptive consensus gives on balanced and on skewed targets
+(issue 10: ``--class-prior uniform``; 2026-11-23: ``auto``, the default, prior_choice.py).
 
 For every received set of the label-quality grid (bench/label_quality.py, same cells and
 seeds, simulated once and cached there), the adaptive consensus' targets (before distillation)
-are scored against ``y`` with the learned class prior (the default) and the uniform one, on
-the balanced 1,000-image target and on the same target subsampled to skewed classes (class c
-kept with probability ``--skew`` ** c, seed 0). The teachers' logits and θ_{t+1}'s features
-are cached per received set under ``--out``/class_prior::
+are scored against ``y`` with the learned class prior, the uniform one and the choice between
+them from the target's own neighbourhoods (auto), on the balanced 1,000-image target and on
+the same target subsampled to skewed classes (class c kept with probability ``--skew`` ** c,
+seed 0; the neighbourhoods are those of the subsampled target). The teachers' logits and
+θ_{t+1}'s features are cached per received set under ``--out``/class_prior::
 
     OMP_NUM_THREADS=1 python bench/class_prior.py            # writes class_prior.{json,md}
+    # every received set cached under runs/fresh/received (bench/calibration_fresh.py): cells
+    # never used to choose the rule
+    OMP_NUM_THREADS=1 python bench/class_prior.py --out runs/fresh --all-cached
 """
 
 from __future__ import annotations
@@ -19,12 +24,13 @@ from pathlib import Path
 import numpy as np
 from label_quality import GRID, SEEDS, received_set  # bench/ is on sys.path when run
 
-from mrtf.io import H5Dataset, load_received
+from mrtf.io import ArraySource, H5Dataset, load_received
 from mrtf.refinery import RefineConfig, newest_locals, refine, teacher_logits
 from mrtf.refinery.adaptive import adaptive_targets
 from mrtf.refinery.teachers import _softmax_np, stabilized_probs
+from mrtf.trust.neighbours import target_neighbours
 
-PRIORS = ("learned", "uniform")
+PRIORS = ("learned", "uniform", "auto")
 
 
 def teachers(cell: str, seed: int, root: Path) -> dict[str, np.ndarray]:
@@ -42,45 +48,64 @@ def teachers(cell: str, seed: int, root: Path) -> dict[str, np.ndarray]:
             np.savez(path, logits=out.logits, feats=out.features, y=target.labels(),
                      k=len(locs))
     d = np.load(path)
-    return {key: d[key] for key in d.files}
+    out = {key: d[key] for key in d.files}
+    with H5Dataset(received_set(cell, seed, root)[1]) as target:
+        out["x"] = target.read(0, len(target))
+    return out
 
 
-def score(d: dict[str, np.ndarray], keep: np.ndarray, prior: str) -> float:
-    """Accuracy of the adaptive targets on the samples ``keep`` (y only scores)."""
+def score(d: dict[str, np.ndarray], keep: np.ndarray, prior: str) -> tuple[float, str]:
+    """Accuracy of the adaptive targets on the samples ``keep`` (y only scores), and the
+    prior used (auto: the one it chose from the kept samples' own neighbourhoods)."""
     logits, y, k = d["logits"][:, keep], d["y"][keep], int(d["k"])
     probs = stabilized_probs(logits, 4.0)
     names = [str(i) for i in range(len(probs))]
+    neighbours = target_neighbours(ArraySource(d["x"][keep])) if prior == "auto" else None
     out = adaptive_targets(probs, names, _softmax_np(logits[-1]), d["feats"][keep], 0, k,
-                           class_prior=prior)
-    return float((out.targets.argmax(1) == y).mean())
+                           class_prior=prior, neighbours=neighbours)
+    return float((out.targets.argmax(1) == y).mean()), \
+        out.prior.chosen if out.prior is not None else prior
+
+
+def _chose(rows: list[dict]) -> str:
+    return ", ".join(f"{sum(r[f'{k}_auto_chose'] == 'uniform' for r in rows)}/{len(rows)}"
+                     for k in ("balanced", "skewed"))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/label_quality")
     ap.add_argument("--skew", type=float, default=0.6)
+    ap.add_argument("--all-cached", action="store_true",
+                    help="every received set under --out/received, not the grid's")
     args = ap.parse_args()
     root = Path(args.out)
+    sets = [(c, s) for c in GRID for s in SEEDS]
+    if args.all_cached:
+        sets = sorted((p.name[:-3], int(p.name[-1])) for p in (root / "received").iterdir()
+                      if p.name[-3:-1] == "-s")
     rows = []
-    for cell in GRID:
-        for seed in SEEDS:
-            d = teachers(cell, seed, root)
-            rng = np.random.default_rng(0)
-            skewed = np.flatnonzero(rng.random(len(d["y"])) < args.skew ** d["y"])
-            row = {"cell": cell, "seed": seed, "skewed_n": int(len(skewed))}
-            for prior in PRIORS:
-                row[f"balanced_{prior}"] = score(d, np.arange(len(d["y"])), prior)
-                row[f"skewed_{prior}"] = score(d, skewed, prior)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+    for cell, seed in sets:
+        d = teachers(cell, seed, root)
+        rng = np.random.default_rng(0)
+        skewed = np.flatnonzero(rng.random(len(d["y"])) < args.skew ** d["y"])
+        row = {"cell": cell, "seed": seed, "skewed_n": int(len(skewed))}
+        for prior in PRIORS:
+            for kind, keep in (("balanced", np.arange(len(d["y"]))), ("skewed", skewed)):
+                row[f"{kind}_{prior}"], used = score(d, keep, prior)
+                if prior == "auto":
+                    row[f"{kind}_auto_chose"] = used
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     cols = [f"{t}_{p}" for t in ("balanced", "skewed") for p in PRIORS]
-    lines = ["| cell | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
-    for cell in GRID:
+    lines = ["| cell | " + " | ".join(cols) + " | auto chose uniform (balanced, skewed) |",
+             "|---" * (len(cols) + 2) + "|"]
+    for cell in dict.fromkeys(c for c, _ in sets):
         sel = [r for r in rows if r["cell"] == cell]
         lines.append(f"| {cell} | " + " | ".join(f"{np.mean([r[c] for r in sel]):.3f}"
-                                                   for c in cols) + " |")
+                                                   for c in cols) + " | " + _chose(sel) + " |")
     lines.append("| **mean** | " + " | ".join(f"{np.mean([r[c] for r in rows]):.3f}"
-                                             for c in cols) + " |")
+                                             for c in cols) + " | " + _chose(rows) + " |")
     (root / "class_prior.json").write_text(json.dumps(rows, indent=1))
     (root / "class_prior.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

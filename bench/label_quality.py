@@ -116,8 +116,10 @@ METHODS: dict[str, Callable] = {
     "st+rd": _refined("st+rd"),
     "mrtf": _refined("mrtf", clr_min_round=0),  # paper MrTF, CLR in every cell
     "shot": _shot,
-    "adaptive": _refined("adaptive"),
-    # the same, told the target's classes are balanced (they are, in every cell here)
+    "adaptive": _refined("adaptive"),  # the default: class prior "auto"
+    # the same with the class prior fixed: learned from the votes (the default until
+    # 2026-11-23), or told the target's classes are balanced (they are, in every cell here)
+    "adaptive-learned": _refined("adaptive", class_prior="learned"),
     "adaptive-uniform": _refined("adaptive", class_prior="uniform"),
 }
 #: the simple alternatives the default must match in every cell

@@ -59,11 +59,13 @@ from mrtf.trust.selective import check_selection, select
 @click.option("--clr-min-round", type=int, default=5, show_default=True,
               help="Skip the clustered label refinery for models of the first N rounds "
                    "(rounds 1..N; the paper skips the first 5). 0 = always apply it.")
-@click.option("--class-prior", type=click.Choice(["learned", "uniform"]), default="learned",
-              show_default=True,
-              help="adaptive: 'uniform' if your data holds every class about equally often "
-                   "(divides each model's class bias out; better labels on balanced data, "
-                   "worse on skewed data).")
+@click.option("--class-prior", type=click.Choice(["auto", "learned", "uniform"]),
+              default="auto", show_default=True,
+              help="adaptive: what the vote assumes of your data's class frequencies. "
+                   "'uniform': every class about equally often (each model's class bias is "
+                   "divided out; better labels on balanced data, worse on skewed data); "
+                   "'learned': learnt from the votes; 'auto': whichever of the two gives "
+                   "labels that agree more with the data's own nearest neighbours.")
 @click.option("--aggregate", default="mean", show_default=True,
               help="The parameter average θ_{t+1}: mean (weighted by n_samples), median "
                    "(coordinate-wise) or trimmed:β (coordinate-wise trimmed mean, 0 <= β < 0.5).")

@@ -49,6 +49,9 @@ def test_streaming_labels_equal_in_memory(setup, tmp_path, method):
             [s["name"] for s in mem.info["sources"]]
         for a, b in zip(out.info["sources"], mem.info["sources"]):
             assert a["estimated_accuracy"] == pytest.approx(b["estimated_accuracy"], abs=1e-9)
+        # the default class prior "auto": both paths weigh the same two labelings alike
+        assert out.info["class_prior"] == mem.info["class_prior"]
+        assert mem.info["class_prior"]["chosen"] in ("learned", "uniform")
     # the calibrated confidence: the same evidence, read from the spill by blocks
     assert out.calibration.method == mem.calibration.method
     np.testing.assert_allclose(out.calibration.confidence, mem.calibration.confidence,

@@ -36,6 +36,7 @@ import numpy as np
 
 from mrtf.refinery.cluster import kmeans_view
 from mrtf.refinery.consensus import Consensus, confusion, dawid_skene
+from mrtf.refinery.prior_choice import CLASS_PRIORS, PriorChoice, choose_prior
 
 #: λ = min(CLUSTER_CAP, (1 - confidence) / CLUSTER_SCALE), confidence = the models' consensus'
 #: mean max posterior. Chosen on the label-quality grid: clusters help where the models' own
@@ -48,10 +49,6 @@ SELF_WEIGHT = 1.5
 #: strength of the class-bias correction s = min(1, h / DEBIAS_SCALE), h = the sources' mean
 #: normalised entropy of their predicted-label histogram (see ``debias``; class_prior uniform)
 DEBIAS_SCALE = 0.2
-#: what the consensus assumes of the target's class frequencies: "learned" (the default: the
-#: Dawid-Skene prior ρ, learnt from the votes) or "uniform" (each source's class bias divided
-#: out first; right for balanced targets, wrong for skewed ones: see ``debias``)
-CLASS_PRIORS = ("learned", "uniform")
 
 
 @dataclass
@@ -75,7 +72,9 @@ class AdaptiveTargets:
     """targets (M, C) float32: the consensus posterior. sources: one SourceTrust per source.
     confidence: the models' consensus' mean max posterior (before the cluster view).
     consensus: the final Consensus (None when no model was informative).
-    debias_strength: s of the sources' class-bias correction (``debias``), 0..1."""
+    debias_strength: s of the sources' class-bias correction (``debias``), 0..1 (0 unless
+    the uniform prior was used).
+    prior: with class_prior "auto", which prior was kept and why (prior_choice.py)."""
 
     targets: np.ndarray
     sources: list[SourceTrust] = field(default_factory=list)
@@ -83,6 +82,7 @@ class AdaptiveTargets:
     cluster_weight: float = 0.0
     consensus: Consensus | None = None
     debias_strength: float = 0.0
+    prior: PriorChoice | None = None
 
 
 def input_independent(probs: np.ndarray, tol: float = 1e-6) -> bool:
@@ -121,8 +121,9 @@ def debias(probs: np.ndarray, strength: float, mean: np.ndarray | None = None) -
     Measured (bench/label_quality.py cells, targets before distillation, 3 seeds): +2.6 points
     on the balanced grid (digits→mnist5k +7.1, label:2 one-shot +4.9), but -5.4 on the same
     targets subsampled to skewed classes (class c kept with probability 0.6^c; 50 rounds
-    -7.0). The models' outputs cannot tell a domain shift from a skewed target, so this is an
-    assumption the user states (``class_prior="uniform"``), not the default.
+    -7.0). The models' outputs cannot tell a domain shift from a skewed target, so it is
+    applied when the user states it (``class_prior="uniform"``) or when the target's own
+    neighbourhoods prefer its labels (``class_prior="auto"``, the default: prior_choice.py).
 
     mean: the source's mean prediction (C,) over all M samples, for a caller that has only
     a block of ``probs`` (the streaming path); summed in float64 either way, so a block-wise
@@ -159,8 +160,9 @@ def _verdict(acc: float, num_classes: int) -> str:
 def adaptive_targets(probs: np.ndarray, names: Sequence[str], self_probs: np.ndarray,
                      features: np.ndarray | None, seed: int = 0,
                      num_local: int | None = None,
-                     class_prior: str = "learned",
-                     source_weights: Sequence[float] | None = None) -> AdaptiveTargets:
+                     class_prior: str = "auto",
+                     source_weights: Sequence[float] | None = None,
+                     neighbours: np.ndarray | None = None) -> AdaptiveTargets:
     """Targets from every source, weighted by what the target set says about each.
 
     probs (S, M, C): the sources' stabilized softmax (Eq. 6), in the order of ``names``.
@@ -168,20 +170,58 @@ def adaptive_targets(probs: np.ndarray, names: Sequence[str], self_probs: np.nda
     features (M, D): θ_{t+1}'s features for the cluster view, or None (no cluster view).
     num_local: how many of the sources (the first) are local models (default: all but the
         last two, θ_t and θ_{t+1}).
-    class_prior: "learned" (default) or "uniform": divide each source's class bias out
-        first (``debias``), for targets known to hold every class about equally often.
+    class_prior: "auto" (default): the consensus is formed under both priors below and the
+        one whose labels follow the target's ``neighbours`` better is kept (prior_choice.py;
+        without neighbours, "learned"); "learned": the consensus learns the class
+        frequencies; "uniform": each source's class bias is divided out first (``debias``),
+        for targets known to hold every class about equally often.
     source_weights: optional factor per source (S,) on its consensus weight, e.g. 0.5 for a
         party mrtf.trust.reliability down-weighted (default: all 1).
+    neighbours (M, k): each sample's nearest target samples in the target's own input space
+        (mrtf.trust.neighbours.target_neighbours), for class_prior "auto".
     """
     if class_prior not in CLASS_PRIORS:
         raise ValueError(f"class_prior must be one of {CLASS_PRIORS}, got {class_prior!r}")
-    m, c = probs.shape[1:]
-    num_local = max(1, len(probs) - 2) if num_local is None else num_local
     live = [i for i in range(len(probs)) if not input_independent(probs[i])]
     dead = [SourceTrust(names[i], 0.0, None, "left out: the same output for every sample "
                         "(no information)") for i in range(len(probs)) if i not in live]
     if not live:
         return AdaptiveTargets(np.asarray(self_probs, np.float32), dead)
+    if class_prior == "auto" and neighbours is None:
+        class_prior = "learned"  # nothing to choose with
+    clusters = _Clusters(features, probs.shape[2], seed)
+    run = [_one_prior(probs, names, live, dead, num_local, source_weights, clusters, prior)
+           for prior in (("learned", "uniform") if class_prior == "auto" else (class_prior,))]
+    if len(run) == 1:
+        return run[0]
+    assert neighbours is not None
+    choice = choose_prior(run[0].targets.argmax(1), run[1].targets.argmax(1), neighbours)
+    out = run[1] if choice.chosen == "uniform" else run[0]
+    out.prior = choice
+    return out
+
+
+class _Clusters:
+    """The cluster view (k-means of θ_{t+1}'s features), made once and only when asked: it
+    does not depend on the class prior."""
+
+    def __init__(self, features: np.ndarray | None, c: int, seed: int) -> None:
+        self.features, self.c, self.seed, self._view = features, c, seed, None
+        self.usable = features is not None and len(features) > c
+
+    def view(self) -> np.ndarray:
+        if self._view is None:
+            self._view = kmeans_view(self.features, 2 * self.c, self.seed)
+        return self._view
+
+
+def _one_prior(probs: np.ndarray, names: Sequence[str], live: list[int],
+               dead: list[SourceTrust], num_local: int | None,
+               source_weights: Sequence[float] | None, clusters: _Clusters, class_prior: str
+               ) -> AdaptiveTargets:
+    """adaptive_targets under one class prior ("learned" or "uniform")."""
+    c = probs.shape[2]
+    num_local = max(1, len(probs) - 2) if num_local is None else num_local
     strength = debias_strength([probs[i] for i in live]) if class_prior == "uniform" else 0.0
     views = [debias(probs[i], strength) for i in live]
     nl = sum(i < num_local for i in live)
@@ -194,13 +234,12 @@ def adaptive_targets(probs: np.ndarray, names: Sequence[str], self_probs: np.nda
         w_models = [w * float(source_weights[i]) for w, i in zip(w_models, live)]
     models = _consensus(views, init, w_models)
     conf = models.mean_max_posterior
-    lam = cluster_weight(conf) if features is not None and m > c else 0.0
+    lam = cluster_weight(conf) if clusters.usable else 0.0
     final = models
     if lam > 0:
-        clusters = kmeans_view(features, 2 * c, seed)
-        final = _consensus(views + [clusters], init, w_models + [lam])
+        final = _consensus(views + [clusters.view()], init, w_models + [lam])
     sources = source_report(final, [names[i] for i in live], w_models, c, conf, lam,
-                            features is not None)
+                            clusters.features is not None)
     return AdaptiveTargets(final.posterior.astype(np.float32), sources + dead, conf, lam, final,
                            strength)
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from mrtf.averaging import parse_aggregate
 from mrtf.errors import InputError
-from mrtf.refinery.adaptive import CLASS_PRIORS
+from mrtf.refinery.prior_choice import CLASS_PRIORS
 from mrtf.refinery.teachers import STACK_MODES
 
 
@@ -53,9 +53,11 @@ class RefineConfig:
         (``BundleMeta.round`` < it; 0-based in memory, files count from 1): the paper skips
         the first 5 rounds, when θ_{t+1}'s features are not yet discriminative (Sect. 4.3);
         0 = always apply. Models without a round always get CLR.
-    class_prior : (adaptive only) 'learned' (default: the consensus learns the target's
-        class frequencies) or 'uniform' (each source's class bias is divided out first: better
-        labels on balanced targets, worse on skewed ones; adaptive.debias has the numbers).
+    class_prior : (adaptive only) 'auto' (default: the consensus is formed under both priors
+        below and the one whose labels follow the target's own neighbourhoods better is kept,
+        prior_choice.py), 'learned' (the consensus learns the target's class frequencies) or
+        'uniform' (each source's class bias is divided out first: better labels on balanced
+        targets, worse on skewed ones; adaptive.debias has the numbers).
     trust : measure every party on the target set (mrtf.trust.reliability) and leave the
         excluded ones out of the parameter average and the teachers, down-weight the doubtful
         ones, cap claimed n_samples. None (default) = on for adaptive, off for the paper's
@@ -82,7 +84,7 @@ class RefineConfig:
     progress: bool = True
     inference_batch: int = 1024
     stack: str = "auto"
-    class_prior: str = "learned"
+    class_prior: str = "auto"
     trust: bool | None = None
     aggregate: str = "mean"
     stream: str = "auto"
@@ -106,7 +108,7 @@ class RefineConfig:
         bad(self.stack not in STACK_MODES, f"stack must be one of {STACK_MODES}")
         bad(self.class_prior not in CLASS_PRIORS, f"class prior must be one of "
             f"{', '.join(CLASS_PRIORS)}, got {self.class_prior!r}")
-        bad(self.class_prior != "learned" and self.method != "adaptive",
+        bad(self.class_prior == "uniform" and self.method != "adaptive",
             f"--class-prior {self.class_prior} applies to the adaptive method only, not "
             f"{self.method}")
         try:

@@ -48,6 +48,7 @@ from mrtf.refinery.trusted import (
     signals_of,
     trust_on,
 )
+from mrtf.trust.neighbours import target_neighbours
 
 __all__ = ["METHODS", "METHOD_SPECS", "VARIANTS", "RefineConfig", "RefineResult", "refine"]
 
@@ -217,14 +218,16 @@ def ensemble_targets(logits: np.ndarray, num_local: int, config: RefineConfig, u
 
 def _targets(plan: _Plan, logits: np.ndarray, feats: np.ndarray | None, config: RefineConfig,
              u: float, skip_clr: bool, self_probs: np.ndarray,
-             factors: list[float] | None = None) -> tuple[np.ndarray, dict]:
+             factors: list[float] | None = None, neighbours: np.ndarray | None = None
+             ) -> tuple[np.ndarray, dict]:
     """Distillation targets (M, C) for the method, and what went into them (``clr`` seconds;
-    for adaptive the per-source trust)."""
+    for adaptive the per-source trust). neighbours: the target's own (``target_neighbours``),
+    for the adaptive method's class-prior choice."""
     if config.method == "adaptive":
         t0 = time.perf_counter()
         probs = np.concatenate([q for _, q in _stabilized_blocks(logits, config)], axis=1)
         out = adaptive_targets(probs, plan.names, self_probs, feats, config.seed,
-                               len(plan.locals_), config.class_prior, factors)
+                               len(plan.locals_), config.class_prior, factors, neighbours)
         return out.targets, {"clr": time.perf_counter() - t0, "adaptive": out}
     targets = ensemble_targets(logits, len(plan.locals_), config, u)
     if not METHOD_SPECS[config.method].features or skip_clr or config.clr_iterations == 0:
@@ -295,12 +298,16 @@ def refine(received, source, config: RefineConfig | None = None,
     else:
         factors = None if trusted is None else trusted.factors + [1.0] * (len(teachers)
                                                                           - len(plan.locals_))
+        t0 = time.perf_counter()  # the target's neighbourhoods: calibration and class prior
+        neighbours = target_neighbours(source) if len(plan.locals_) else None
+        timings["calibration"] = time.perf_counter() - t0
         targets, extra = _targets(plan, out.logits, out.features, config, u, skip_clr, before,
-                                  factors)
+                                  factors, neighbours)
         timings["clr"] = extra.pop("clr")
         t0 = time.perf_counter()
-        signals = signals_of(out.logits[:len(plan.locals_)], before, targets, source)
-        timings["calibration"] = time.perf_counter() - t0
+        signals = signals_of(out.logits[:len(plan.locals_)], before, targets, source,
+                             neighbours)
+        timings["calibration"] += time.perf_counter() - t0
         novelty = _novelty(plan, out.logits, used, config, student is not None)
         out.logits = out.features = None  # free (K, M, C) before distilling
         t0 = time.perf_counter()

@@ -159,7 +159,8 @@ def refine_streaming(received, source, config: RefineConfig,
                                   student is not None)
             factors = None if trusted is None else \
                 trusted.factors + [1.0] * (len(teachers) - len(plan.locals_))
-            targets, extra = _targets(plan, sink, config, u, skip_clr, before, factors)
+            targets, extra = _targets(plan, sink, config, u, skip_clr, before, factors,
+                                      None if local is None else local.neighbours)
             timings["clr"] = extra.pop("clr")
             if local is not None:
                 local.consensus = np.asarray(targets, np.float32)
@@ -188,8 +189,8 @@ def _local_signals(sink: _Pass, k: int, before: np.ndarray):
 
 
 def _targets(plan, sink: _Pass, config: RefineConfig, u: float, skip_clr: bool,
-             before: np.ndarray, factors: list[float] | None = None
-             ) -> tuple[np.ndarray, dict]:
+             before: np.ndarray, factors: list[float] | None = None,
+             neighbours: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
     """pipeline._targets on the spill."""
     from mrtf.refinery import pipeline as pl
 
@@ -197,7 +198,7 @@ def _targets(plan, sink: _Pass, config: RefineConfig, u: float, skip_clr: bool,
     logits = TeacherMajor(sink.logits)
     t0 = time.perf_counter()  # 'clr' times what pipeline._targets times: all of adaptive
     if config.method == "adaptive":
-        targets, extra = _adaptive(plan, sink, logits, config, before, factors)
+        targets, extra = _adaptive(plan, sink, logits, config, before, factors, neighbours)
         return targets, {**extra, "clr": time.perf_counter() - t0}
     targets = pl.ensemble_targets(logits, len(plan.locals_), config, u)
     if not METHOD_SPECS[config.method].features or skip_clr or config.clr_iterations == 0:
@@ -210,7 +211,8 @@ def _targets(plan, sink: _Pass, config: RefineConfig, u: float, skip_clr: bool,
 
 
 def _adaptive(plan, sink: _Pass, logits: TeacherMajor, config: RefineConfig,
-              before: np.ndarray, factors: list[float] | None) -> tuple[np.ndarray, dict]:
+              before: np.ndarray, factors: list[float] | None,
+              neighbours: np.ndarray | None) -> tuple[np.ndarray, dict]:
     """Eq. 6's softmax block by block over the logits spill, in place (the logits are not
     needed again), with each source's whole-M statistics (dead sources, class bias); then
     the block-wise consensus."""
@@ -218,13 +220,14 @@ def _adaptive(plan, sink: _Pass, logits: TeacherMajor, config: RefineConfig,
 
     assert sink.logits is not None
     k, _, c = logits.shape
-    stats = SourceStats(k, c, class_bias=config.class_prior == "uniform")
+    stats = SourceStats(k, c, class_bias=config.class_prior in ("uniform", "auto"))
     # the generator reads block s+1 only after block s is written back: in place is safe
     for s, q in pl._stabilized_blocks(logits, config):
         stats.add(q)
         sink.logits.write(s, q.transpose(1, 0, 2))
     out = adaptive_targets_blocks(sink.logits, stats, plan.names, before, sink.features,
-                                  config.seed, len(plan.locals_), config.class_prior, factors)
+                                  config.seed, len(plan.locals_), config.class_prior, factors,
+                                  neighbours)
     return out.targets, {"adaptive": out}
 
 

@@ -35,6 +35,7 @@ from mrtf.refinery.adaptive import (
 )
 from mrtf.refinery.cluster import _one_blas_thread, kmeans_assign
 from mrtf.refinery.consensus import Consensus
+from mrtf.refinery.prior_choice import choose_prior
 
 BLOCK = 65_536  # rows per EM block: 65k × 12 sources × 10 classes × 8 B = 63 MB of views
 
@@ -175,9 +176,9 @@ def live_sources(lo: np.ndarray, hi: np.ndarray, m: int, tol: float = 1e-6) -> l
 class SourceStats:
     """What adaptive.py reads from each source's whole (M, C) softmax, accumulated block by
     block while the spill is written: the running min and max (S, C) (dead sources) and,
-    with ``class_bias`` (``class_prior="uniform"`` only: ~0.6 s per 1M rows otherwise spent
-    for nothing), the float64 sum (S, C) (its mean prediction, ``debias``) and its label
-    counts (S, C) (``label_diversity``)."""
+    with ``class_bias`` (``class_prior`` "uniform" or "auto" only: ~0.6 s per 1M rows
+    otherwise spent for nothing), the float64 sum (S, C) (its mean prediction, ``debias``)
+    and its label counts (S, C) (``label_diversity``)."""
 
     def __init__(self, sources: int, classes: int, class_bias: bool = True) -> None:
         self.lo = np.full((sources, classes), np.inf, dtype=np.float32)
@@ -201,7 +202,7 @@ class SourceStats:
 
 def debias_spill(probs, stats: SourceStats, live: Sequence[int]) -> float:
     """adaptive.debias of every live source, written over the (M, S, C) spill in place
-    (``class_prior="uniform"``); returns the strength s (0: nothing written)."""
+    (the uniform class prior); returns the strength s (0: nothing written)."""
     if not live:
         return 0.0
     assert stats.class_bias, "SourceStats(class_bias=True) gathers what debias needs"
@@ -220,31 +221,61 @@ def debias_spill(probs, stats: SourceStats, live: Sequence[int]) -> float:
 
 def adaptive_targets_blocks(probs, stats: SourceStats, names: Sequence[str],
                             self_probs: np.ndarray, features, seed: int = 0,
-                            num_local: int | None = None, class_prior: str = "learned",
-                            source_weights: Sequence[float] | None = None) -> AdaptiveTargets:
+                            num_local: int | None = None, class_prior: str = "auto",
+                            source_weights: Sequence[float] | None = None,
+                            neighbours: np.ndarray | None = None) -> AdaptiveTargets:
     """adaptive.adaptive_targets on a (M, S, C) float32 spill ``probs`` (read by row slices,
-    written in place by ``class_prior="uniform"``), with each source's whole-M statistics
+    written in place by the uniform class prior), with each source's whole-M statistics
     ``stats``, and θ_{t+1}'s features (M, D) for the cluster view read the same way.
-    ``class_prior`` and ``source_weights`` as adaptive_targets.
+    ``class_prior``, ``source_weights`` and ``neighbours`` as adaptive_targets; "auto" runs
+    the learned consensus first, keeps its targets, then debiases the spill for the uniform
+    one (a second (M, C) float64 posterior while both exist).
 
     On one BLAS thread: the EM's GEMMs are thin (65k × 10 by 10), and OpenBLAS's 2-thread
     pool on this loaded 2-core machine ran them at ~0.5 GFLOP/s (44 s for M = 100k)."""
     with _one_blas_thread():
-        return _adaptive_targets_blocks(probs, stats, names, self_probs, features, seed,
-                                        num_local, class_prior, source_weights)
+        m, s_all, c = probs.shape
+        live = live_sources(stats.lo, stats.hi, m)
+        dead = [SourceTrust(names[i], 0.0, None, "left out: the same output for every "
+                            "sample (no information)") for i in range(s_all) if i not in live]
+        if not live:
+            return AdaptiveTargets(np.asarray(self_probs, np.float32), dead)
+        if class_prior == "auto" and neighbours is None:
+            class_prior = "learned"  # nothing to choose with
+        clusters = _BlockClusters(features, c, seed)
+        priors = ("learned", "uniform") if class_prior == "auto" else (class_prior,)
+        run = [_one_prior(probs, stats, names, live, dead, num_local, source_weights, clusters,
+                          prior) for prior in priors]
+        if len(run) == 1:
+            return run[0]
+        assert neighbours is not None
+        choice = choose_prior(run[0].targets.argmax(1), run[1].targets.argmax(1), neighbours)
+        out = run[1] if choice.chosen == "uniform" else run[0]
+        out.prior = choice
+        return out
 
 
-def _adaptive_targets_blocks(probs, stats: SourceStats, names: Sequence[str],
-                             self_probs: np.ndarray, features, seed: int,
-                             num_local: int | None, class_prior: str,
-                             source_weights: Sequence[float] | None) -> AdaptiveTargets:
+class _BlockClusters:
+    """The cluster view's k-means assignments, made once (they do not depend on the prior)."""
+
+    def __init__(self, features, c: int, seed: int) -> None:
+        self.features, self.c, self.seed, self._made = features, c, seed, None
+        self.usable = features is not None and len(features) > c
+
+    def assign(self) -> tuple[np.ndarray, int]:
+        if self._made is None:
+            self._made = kmeans_assign(self.features, 2 * self.c, self.seed)
+        return self._made
+
+
+def _one_prior(probs, stats: SourceStats, names: Sequence[str], live: list[int],
+               dead: list[SourceTrust], num_local: int | None,
+               source_weights: Sequence[float] | None, clusters: _BlockClusters,
+               class_prior: str) -> AdaptiveTargets:
+    """adaptive._one_prior on the spill (the uniform prior rewrites it in place, so it runs
+    after the learned one)."""
     m, s_all, c = probs.shape
     num_local = max(1, s_all - 2) if num_local is None else num_local
-    live = live_sources(stats.lo, stats.hi, m)
-    dead = [SourceTrust(names[i], 0.0, None, "left out: the same output for every sample "
-                        "(no information)") for i in range(s_all) if i not in live]
-    if not live:
-        return AdaptiveTargets(np.asarray(self_probs, np.float32), dead)
     strength = debias_spill(probs, stats, live) if class_prior == "uniform" else 0.0
     nl = sum(i < num_local for i in live)
     w_models = [1.0 if i < num_local else SELF_WEIGHT / max(1, len(live) - nl) for i in live]
@@ -254,11 +285,11 @@ def _adaptive_targets_blocks(probs, stats: SourceStats, names: Sequence[str],
     views = BlockViews(probs, live)
     final = models = _consensus(views, nl, w_models, post)
     conf = models.mean_max_posterior
-    lam = cluster_weight(conf) if features is not None and m > c else 0.0
+    lam = cluster_weight(conf) if clusters.usable else 0.0
     if lam > 0:
-        assign, n = kmeans_assign(features, 2 * c, seed)
+        assign, n = clusters.assign()
         final = _consensus(BlockViews(probs, live, assign, n), nl, w_models + [lam], post)
     sources = source_report(final, [names[i] for i in live], w_models, c, conf, lam,
-                            features is not None)
+                            clusters.features is not None)
     return AdaptiveTargets(final.posterior.astype(np.float32), sources + dead, conf, lam, final,
                            strength)

@@ -17,22 +17,25 @@ from mrtf.refinery.config import RefineConfig
 from mrtf.refinery.teachers import check_finite, newest_global, newest_locals, teacher_logits
 
 
-def signals_of(local_logits: np.ndarray, before: np.ndarray, targets: np.ndarray, source):
+def signals_of(local_logits: np.ndarray, before: np.ndarray, targets: np.ndarray, source,
+               neighbours: np.ndarray | None = None):
     """Label-free evidence for the calibrated confidence, kept before the logits are freed."""
     from mrtf.trust.calibration import Signals
 
     if len(local_logits) == 0:
         return None
-    return with_neighbours(Signals.from_logits(local_logits, before, targets), source)
+    return with_neighbours(Signals.from_logits(local_logits, before, targets), source,
+                           neighbours)
 
 
-def with_neighbours(signals, source):
+def with_neighbours(signals, source, neighbours: np.ndarray | None = None):
     """Attach the target's own neighbourhoods (mrtf.trust.neighbours: one pass over the
-    target by blocks, the data only) to ``signals``; both refine paths call this."""
+    target by blocks, the data only; ``neighbours`` when the caller found them already) to
+    ``signals``; both refine paths call this."""
     from mrtf.trust.neighbours import target_neighbours
 
     if signals is not None:
-        signals.neighbours = target_neighbours(source)
+        signals.neighbours = target_neighbours(source) if neighbours is None else neighbours
     return signals
 
 
@@ -65,9 +68,13 @@ def adaptive_info(adaptive, probs: np.ndarray, before: np.ndarray) -> dict[str, 
                             "consensus_confidence": adaptive.confidence,
                             "cluster_weight": adaptive.cluster_weight,
                             "debias_strength": adaptive.debias_strength}
-    if adaptive.debias_strength > 0:
-        info["trust"].append(f"class prior: uniform, each model's class bias divided out "
-                             f"(strength {adaptive.debias_strength:.2f})")
+    bias = f"each model's class bias divided out (strength {adaptive.debias_strength:.2f})"
+    if adaptive.prior is not None:  # one line: which prior, why, and the correction's strength
+        info["class_prior"] = asdict(adaptive.prior)
+        info["trust"].append(adaptive.prior.line() + (f"; {bias}" if adaptive.debias_strength
+                                                      > 0 else ""))
+    elif adaptive.debias_strength > 0:
+        info["trust"].append(f"class prior: uniform, {bias}")
     if adaptive.consensus is not None:
         post = adaptive.consensus.posterior
         info["estimated_accuracy"] = {"refined": estimated_accuracy(post, probs),

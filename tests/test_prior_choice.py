@@ -1,0 +1,78 @@
+"""The class-prior choice (prior_choice.py) and the adaptive consensus under ``auto``."""
+
+import numpy as np
+import pytest
+
+from mrtf.io import ArraySource
+from mrtf.refinery.adaptive import adaptive_targets
+from mrtf.refinery.prior_choice import PriorChoice, choose_prior, neighbour_agreement
+from mrtf.refinery.teachers import stabilized_probs
+from mrtf.trust.neighbours import target_neighbours
+
+C = 10
+
+
+def _blobs(counts, rng):
+    """Inputs (n, 32) with one tight cluster per class, and their classes (synthetic)."""
+    centres = rng.normal(0, 1.0, (C, 32))
+    y = np.repeat(np.arange(C), counts)
+    return (centres[y] + rng.normal(0, 0.15, (len(y), 32))).astype(np.float32), y
+
+
+def _biased_views(y, rng, bias=3.5, margin=2.5, sources=4):
+    """Sources that all name class 0 too often (a shared class bias: a domain shift)."""
+    views = []
+    for _ in range(sources):
+        z = rng.normal(0, 1.0, (len(y), C))
+        z[np.arange(len(y)), y] += margin
+        z[:, 0] += bias
+        views.append(stabilized_probs(z, 4.0))
+    return np.stack(views)
+
+
+def test_choose_prior_keeps_the_labels_that_follow_the_neighbourhoods():
+    neighbours = np.array([[1, 2], [0, 2], [0, 1], [4, 5], [3, 5], [3, 4]])
+    clustered = np.array([0, 0, 0, 1, 1, 1])
+    scattered = np.array([0, 1, 0, 1, 0, 1])
+    assert neighbour_agreement(clustered, neighbours) == 1.0
+    assert neighbour_agreement(scattered, neighbours) == pytest.approx(1 / 3)
+    pick = choose_prior(scattered, clustered, neighbours)
+    assert pick.chosen == "uniform" and pick.agreement["uniform"] == 1.0
+    assert choose_prior(clustered, scattered, neighbours).chosen == "learned"
+    tie = choose_prior(clustered, clustered, neighbours)  # a tie keeps the learned prior
+    assert tie.chosen == "learned"
+    assert "class prior: learned" in tie.line() and "uniform 1.000" in tie.line()
+
+
+@pytest.mark.parametrize("skewed", [False, True])
+def test_auto_divides_a_models_bias_out_only_where_the_data_says_so(skewed):
+    """Balanced target, biased models: uniform's labels follow the data's clusters, auto keeps
+    them. A target that really holds mostly class 0: learned's do, auto keeps those."""
+    rng = np.random.default_rng(11)
+    counts = [700] + [30] * 9 if skewed else [100] * C
+    x, y = _blobs(counts, rng)
+    # skewed: unbiased but unsure models; dividing out their (right) lean to class 0 hurts
+    probs = _biased_views(y, rng, bias=0.0, margin=1.0) if skewed else _biased_views(y, rng)
+    neighbours = target_neighbours(ArraySource(x))
+    names = list("abcd")
+    auto = adaptive_targets(probs, names, probs[0], None, neighbours=neighbours)
+    learned = adaptive_targets(probs, names, probs[0], None, class_prior="learned")
+    uniform = adaptive_targets(probs, names, probs[0], None, class_prior="uniform")
+    acc = {k: float((v.targets.argmax(1) == y).mean())
+           for k, v in (("learned", learned), ("uniform", uniform))}
+    best = max(acc, key=acc.get)
+    assert abs(acc["learned"] - acc["uniform"]) > 0.05  # the case has a right answer
+    assert isinstance(auto.prior, PriorChoice) and auto.prior.chosen == best
+    assert best == ("learned" if skewed else "uniform")
+    np.testing.assert_array_equal(auto.targets, (uniform if best == "uniform" else learned).targets)
+    assert (auto.debias_strength > 0) == (best == "uniform")
+
+
+def test_auto_without_neighbourhoods_is_the_learned_prior():
+    rng = np.random.default_rng(12)
+    x, y = _blobs([50] * C, rng)
+    probs = _biased_views(y, rng)
+    auto = adaptive_targets(probs, list("abcd"), probs[0], None)  # no neighbours given
+    learned = adaptive_targets(probs, list("abcd"), probs[0], None, class_prior="learned")
+    assert auto.prior is None and auto.debias_strength == 0.0
+    np.testing.assert_array_equal(auto.targets, learned.targets)
