@@ -185,6 +185,8 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, outs: Outputs,
         _say_reliability(result.info["reliability"], out)
     for line in result.info.get("trust", []):
         out.say(f"source {line}")
+    if "class_prior" in result.info:  # the adaptive method's class prior, and why
+        out.say(result.info["class_prior"]["line"])
     if "novelty" in result.info:  # the adaptive method's choice: distil the vote or adapt
         out.say(result.info["novelty"]["line"])
     cal = result.calibration
@@ -243,6 +245,7 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, outs: Outputs,
                  "samples": len(source), "u_t": result.info["u_t"],
                  "heterogeneous": result.info["heterogeneous"], "notes": result.info["notes"],
                  "sources": result.info.get("sources"), "novelty": result.info.get("novelty"),
+                 "class_prior": result.info.get("class_prior"),
                  "parties": opts["parties"],
                  "reliability": result.info.get("reliability"),
                  "reliability_samples": result.info.get("reliability_samples"),

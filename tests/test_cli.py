@@ -121,6 +121,9 @@ def test_refine_label_score_end_to_end(simulated, tmp_path):
                                                                          "refined"}
     assert summary["novelty"]["line"].startswith("target novelty")  # vote or adapt, and why
     assert isinstance(summary["novelty"]["adapt"], bool)
+    # the default class prior ("auto") says which prior it kept and the evidence for it
+    assert summary["class_prior"]["chosen"] in ("learned", "uniform")
+    assert set(summary["class_prior"]["agreement"]) == {"learned", "uniform"}
     with h5py.File(labels) as f:
         assert f["labels"].shape == (200,) and f["probs"].shape == (200, 10)
         np.testing.assert_allclose(f["probs"][:].sum(1), 1.0, rtol=1e-5)

@@ -135,9 +135,10 @@ def test_adaptive_reports_every_source_and_a_label_free_estimate(demo):
     assert r.info["method"] == "adaptive"
     names = [s["name"] for s in r.info["sources"]]
     assert len(names) == 3 + 2 + 1  # 3 parties, θ_t, θ_{t+1}, the cluster view
-    # one line per source, then the class prior the default ("auto") kept, and why
-    assert names[-1] == "clusters" and len(r.info["trust"]) == len(names) + 1
-    assert r.info["trust"][-1].startswith(f"class prior: {r.info['class_prior']['chosen']}")
+    assert names[-1] == "clusters" and len(r.info["trust"]) == len(names)
+    # the class prior the default ("auto") kept, and why
+    assert r.info["class_prior"]["line"].startswith(
+        f"class prior: {r.info['class_prior']['chosen']} (chosen: its labels agree with")
     assert r.info["novelty"]["line"].startswith("target novelty")  # vote or adapt, and why
     est = r.info["estimated_accuracy"]
     assert 0 <= est["averaged"] <= 1 and 0 <= est["refined"] <= 1

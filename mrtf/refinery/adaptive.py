@@ -19,6 +19,11 @@ What it replaces, and why (measured on bench/label_quality.py, see README):
   AvgProb (Eq. 7), the paper's ensemble.
 - A source whose output is the same for every sample (a dead network) carries no information:
   it is left out; when no model is left, the targets are θ_{t+1}'s own predictions.
+- The class prior: the consensus either learns the target's class frequencies from the votes
+  or first divides each source's class bias out (``debias``, a uniform prior). Which one is
+  right depends on the target, not on the models, so by default both consensuses are formed
+  and the one whose labels follow the target's own neighbourhoods better is kept
+  (prior_choice.py, ``class_prior="auto"``).
 - The vote assumes the sources err independently; when the target is new to all of them
   (novelty.py decides, from their entropy on it against their reported training loss), the
   pipeline adapts θ_{t+1} to the target (SHOT) instead of distilling these targets.

@@ -68,18 +68,28 @@ def adaptive_info(adaptive, probs: np.ndarray, before: np.ndarray) -> dict[str, 
                             "consensus_confidence": adaptive.confidence,
                             "cluster_weight": adaptive.cluster_weight,
                             "debias_strength": adaptive.debias_strength}
-    bias = f"each model's class bias divided out (strength {adaptive.debias_strength:.2f})"
-    if adaptive.prior is not None:  # one line: which prior, why, and the correction's strength
-        info["class_prior"] = asdict(adaptive.prior)
-        info["trust"].append(adaptive.prior.line() + (f"; {bias}" if adaptive.debias_strength
-                                                      > 0 else ""))
-    elif adaptive.debias_strength > 0:
-        info["trust"].append(f"class prior: uniform, {bias}")
+    prior = prior_info(adaptive)
+    if prior is not None:
+        info["class_prior"] = prior
     if adaptive.consensus is not None:
         post = adaptive.consensus.posterior
         info["estimated_accuracy"] = {"refined": estimated_accuracy(post, probs),
                                       "averaged": estimated_accuracy(post, before)}
     return info
+
+
+def prior_info(adaptive) -> dict[str, Any] | None:
+    """The class prior the consensus used, and why, with the line ``refine`` prints (None for
+    the learned prior when nothing was chosen)."""
+    bias = f"each model's class bias divided out (strength {adaptive.debias_strength:.2f})"
+    if adaptive.prior is not None:
+        line = adaptive.prior.line()
+        return {**asdict(adaptive.prior),
+                "line": line + (f"; {bias}" if adaptive.debias_strength > 0 else "")}
+    if adaptive.debias_strength > 0:
+        return {"chosen": "uniform", "agreement": None,
+                "line": f"class prior: uniform (as given), {bias}"}
+    return None
 
 
 def trust_on(config: RefineConfig) -> bool:
