@@ -192,18 +192,45 @@ def adaptive_targets(probs: np.ndarray, names: Sequence[str], self_probs: np.nda
                         "(no information)") for i in range(len(probs)) if i not in live]
     if not live:
         return AdaptiveTargets(np.asarray(self_probs, np.float32), dead)
-    if class_prior == "auto" and neighbours is None:
-        class_prior = "learned"  # nothing to choose with
     clusters = _Clusters(features, probs.shape[2], seed)
-    run = [_one_prior(probs, names, live, dead, num_local, source_weights, clusters, prior)
-           for prior in (("learned", "uniform") if class_prior == "auto" else (class_prior,))]
-    if len(run) == 1:
-        return run[0]
+    return keep_one([_one_prior(probs, names, live, dead, num_local, source_weights, clusters,
+                                prior) for prior in priors_to_form(class_prior, neighbours)],
+                    neighbours)
+
+
+def priors_to_form(class_prior: str, neighbours: np.ndarray | None) -> tuple[str, ...]:
+    """The class priors to form a consensus under: both for "auto" (one, learned, when there
+    are no neighbourhoods to choose with), else the one given."""
+    if class_prior != "auto":
+        return (class_prior,)
+    return ("learned",) if neighbours is None else ("learned", "uniform")
+
+
+def keep_one(runs: list[AdaptiveTargets], neighbours: np.ndarray | None) -> AdaptiveTargets:
+    """The consensus to keep: the only one, or of [learned, uniform] the one whose labels
+    follow the target's neighbourhoods better (prior_choice.py), with the choice attached."""
+    if len(runs) == 1:
+        return runs[0]
     assert neighbours is not None
-    choice = choose_prior(run[0].targets.argmax(1), run[1].targets.argmax(1), neighbours)
-    out = run[1] if choice.chosen == "uniform" else run[0]
+    choice = choose_prior(runs[0].targets.argmax(1), runs[1].targets.argmax(1), neighbours)
+    out = runs[1] if choice.chosen == "uniform" else runs[0]
     out.prior = choice
     return out
+
+
+def model_weights(live: Sequence[int], num_sources: int, num_local: int | None,
+                  source_weights: Sequence[float] | None) -> tuple[int, list[float]]:
+    """How many of the live sources are local models, and each live source's consensus
+    weight (1 per local model, ``SELF_WEIGHT`` shared by θ_t and θ_{t+1}, times its factor)."""
+    num_local = max(1, num_sources - 2) if num_local is None else num_local
+    nl = sum(i < num_local for i in live)
+    # θ_t and θ_{t+1} are one federation's model a round apart, not two independent
+    # annotators: together they count 1.5 (0.75 each; 1 each let a confident average at
+    # chance outvote specialist parties, 0.5 each lost 2 points on mnist5k→mnistm5k)
+    w = [1.0 if i < num_local else SELF_WEIGHT / max(1, len(live) - nl) for i in live]
+    if source_weights is not None:
+        w = [x * float(source_weights[i]) for x, i in zip(w, live)]
+    return nl, w
 
 
 class _Clusters:
@@ -226,17 +253,10 @@ def _one_prior(probs: np.ndarray, names: Sequence[str], live: list[int],
                ) -> AdaptiveTargets:
     """adaptive_targets under one class prior ("learned" or "uniform")."""
     c = probs.shape[2]
-    num_local = max(1, len(probs) - 2) if num_local is None else num_local
     strength = debias_strength([probs[i] for i in live]) if class_prior == "uniform" else 0.0
     views = [debias(probs[i], strength) for i in live]
-    nl = sum(i < num_local for i in live)
+    nl, w_models = model_weights(live, len(probs), num_local, source_weights)
     init = np.mean(views[:nl] if nl else views, axis=0)  # the local models' AvgProb (Eq. 7)
-    # θ_t and θ_{t+1} are one federation's model a round apart, not two independent
-    # annotators: together they count 1.5 (0.75 each; 1 each let a confident average at
-    # chance outvote specialist parties, 0.5 each lost 2 points on mnist5k→mnistm5k)
-    w_models = [1.0 if i < num_local else SELF_WEIGHT / max(1, len(live) - nl) for i in live]
-    if source_weights is not None:
-        w_models = [w * float(source_weights[i]) for w, i in zip(w_models, live)]
     models = _consensus(views, init, w_models)
     conf = models.mean_max_posterior
     lam = cluster_weight(conf) if clusters.usable else 0.0

@@ -217,12 +217,10 @@ def ensemble_targets(logits: np.ndarray, num_local: int, config: RefineConfig, u
 
 
 def _targets(plan: _Plan, logits: np.ndarray, feats: np.ndarray | None, config: RefineConfig,
-             u: float, skip_clr: bool, self_probs: np.ndarray,
-             factors: list[float] | None = None, neighbours: np.ndarray | None = None
-             ) -> tuple[np.ndarray, dict]:
+             u: float, skip_clr: bool, self_probs: np.ndarray, factors: list[float] | None = None,
+             neighbours: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
     """Distillation targets (M, C) for the method, and what went into them (``clr`` seconds;
-    for adaptive the per-source trust). neighbours: the target's own (``target_neighbours``),
-    for the adaptive method's class-prior choice."""
+    for adaptive the per-source trust and its class-prior choice, from ``neighbours``)."""
     if config.method == "adaptive":
         t0 = time.perf_counter()
         probs = np.concatenate([q for _, q in _stabilized_blocks(logits, config)], axis=1)
@@ -305,8 +303,7 @@ def refine(received, source, config: RefineConfig | None = None,
                                   factors, neighbours)
         timings["clr"] = extra.pop("clr")
         t0 = time.perf_counter()
-        signals = signals_of(out.logits[:len(plan.locals_)], before, targets, source,
-                             neighbours)
+        signals = signals_of(out.logits[:len(plan.locals_)], before, targets, source, neighbours)
         timings["calibration"] += time.perf_counter() - t0
         novelty = _novelty(plan, out.logits, used, config, student is not None)
         out.logits = out.features = None  # free (K, M, C) before distilling

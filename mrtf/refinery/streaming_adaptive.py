@@ -25,17 +25,18 @@ import numpy as np
 
 from mrtf.refinery.adaptive import (
     DEBIAS_SCALE,
-    SELF_WEIGHT,
     AdaptiveTargets,
     SourceTrust,
     cluster_weight,
     debias,
     histogram_diversity,
+    keep_one,
+    model_weights,
+    priors_to_form,
     source_report,
 )
 from mrtf.refinery.cluster import _one_blas_thread, kmeans_assign
 from mrtf.refinery.consensus import Consensus
-from mrtf.refinery.prior_choice import choose_prior
 
 BLOCK = 65_536  # rows per EM block: 65k × 12 sources × 10 classes × 8 B = 63 MB of views
 
@@ -240,19 +241,11 @@ def adaptive_targets_blocks(probs, stats: SourceStats, names: Sequence[str],
                             "sample (no information)") for i in range(s_all) if i not in live]
         if not live:
             return AdaptiveTargets(np.asarray(self_probs, np.float32), dead)
-        if class_prior == "auto" and neighbours is None:
-            class_prior = "learned"  # nothing to choose with
         clusters = _BlockClusters(features, c, seed)
-        priors = ("learned", "uniform") if class_prior == "auto" else (class_prior,)
-        run = [_one_prior(probs, stats, names, live, dead, num_local, source_weights, clusters,
-                          prior) for prior in priors]
-        if len(run) == 1:
-            return run[0]
-        assert neighbours is not None
-        choice = choose_prior(run[0].targets.argmax(1), run[1].targets.argmax(1), neighbours)
-        out = run[1] if choice.chosen == "uniform" else run[0]
-        out.prior = choice
-        return out
+        # learned first: the uniform prior rewrites the spill
+        return keep_one([_one_prior(probs, stats, names, live, dead, num_local, source_weights,
+                                    clusters, prior)
+                         for prior in priors_to_form(class_prior, neighbours)], neighbours)
 
 
 class _BlockClusters:
@@ -275,12 +268,8 @@ def _one_prior(probs, stats: SourceStats, names: Sequence[str], live: list[int],
     """adaptive._one_prior on the spill (the uniform prior rewrites it in place, so it runs
     after the learned one)."""
     m, s_all, c = probs.shape
-    num_local = max(1, s_all - 2) if num_local is None else num_local
     strength = debias_spill(probs, stats, live) if class_prior == "uniform" else 0.0
-    nl = sum(i < num_local for i in live)
-    w_models = [1.0 if i < num_local else SELF_WEIGHT / max(1, len(live) - nl) for i in live]
-    if source_weights is not None:
-        w_models = [w * float(source_weights[i]) for w, i in zip(w_models, live)]
+    nl, w_models = model_weights(live, s_all, num_local, source_weights)
     post = np.empty((m, c), dtype=np.float64)
     views = BlockViews(probs, live)
     final = models = _consensus(views, nl, w_models, post)
