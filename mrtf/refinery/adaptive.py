@@ -34,7 +34,7 @@ The constants (starts, 0.75, λ's scale and cap) were chosen on the label-qualit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -192,7 +192,7 @@ def adaptive_targets(probs: np.ndarray, names: Sequence[str], self_probs: np.nda
                         "(no information)") for i in range(len(probs)) if i not in live]
     if not live:
         return AdaptiveTargets(np.asarray(self_probs, np.float32), dead)
-    clusters = _Clusters(features, probs.shape[2], seed)
+    clusters = Clusters(features, probs.shape[2], seed)
     return keep_one([_one_prior(probs, names, live, dead, num_local, source_weights, clusters,
                                 prior) for prior in priors_to_form(class_prior, neighbours)],
                     neighbours)
@@ -233,23 +233,24 @@ def model_weights(live: Sequence[int], num_sources: int, num_local: int | None,
     return nl, w
 
 
-class _Clusters:
-    """The cluster view (k-means of θ_{t+1}'s features), made once and only when asked: it
-    does not depend on the class prior."""
+class Clusters:
+    """The cluster view (k-means of θ_{t+1}'s features into 2C clusters), made once and only
+    when asked: it does not depend on the class prior. ``make(features, k, seed)`` builds it
+    (kmeans_view here, the block-wise kmeans_assign on the streaming path)."""
 
-    def __init__(self, features: np.ndarray | None, c: int, seed: int) -> None:
-        self.features, self.c, self.seed, self._view = features, c, seed, None
+    def __init__(self, features, c: int, seed: int, make: Callable = kmeans_view) -> None:
+        self.features, self.c, self.seed, self.make, self._made = features, c, seed, make, None
         self.usable = features is not None and len(features) > c
 
-    def view(self) -> np.ndarray:
-        if self._view is None:
-            self._view = kmeans_view(self.features, 2 * self.c, self.seed)
-        return self._view
+    def get(self):
+        if self._made is None:
+            self._made = self.make(self.features, 2 * self.c, self.seed)
+        return self._made
 
 
 def _one_prior(probs: np.ndarray, names: Sequence[str], live: list[int],
                dead: list[SourceTrust], num_local: int | None,
-               source_weights: Sequence[float] | None, clusters: _Clusters, class_prior: str
+               source_weights: Sequence[float] | None, clusters: Clusters, class_prior: str
                ) -> AdaptiveTargets:
     """adaptive_targets under one class prior ("learned" or "uniform")."""
     c = probs.shape[2]
@@ -262,7 +263,7 @@ def _one_prior(probs: np.ndarray, names: Sequence[str], live: list[int],
     lam = cluster_weight(conf) if clusters.usable else 0.0
     final = models
     if lam > 0:
-        final = _consensus(views + [clusters.view()], init, w_models + [lam])
+        final = _consensus(views + [clusters.get()], init, w_models + [lam])
     sources = source_report(final, [names[i] for i in live], w_models, c, conf, lam,
                             clusters.features is not None)
     return AdaptiveTargets(final.posterior.astype(np.float32), sources + dead, conf, lam, final,

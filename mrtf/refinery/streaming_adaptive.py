@@ -26,6 +26,7 @@ import numpy as np
 from mrtf.refinery.adaptive import (
     DEBIAS_SCALE,
     AdaptiveTargets,
+    Clusters,
     SourceTrust,
     cluster_weight,
     debias,
@@ -241,29 +242,16 @@ def adaptive_targets_blocks(probs, stats: SourceStats, names: Sequence[str],
                             "sample (no information)") for i in range(s_all) if i not in live]
         if not live:
             return AdaptiveTargets(np.asarray(self_probs, np.float32), dead)
-        clusters = _BlockClusters(features, c, seed)
+        clusters = Clusters(features, c, seed, kmeans_assign)
         # learned first: the uniform prior rewrites the spill
         return keep_one([_one_prior(probs, stats, names, live, dead, num_local, source_weights,
                                     clusters, prior)
                          for prior in priors_to_form(class_prior, neighbours)], neighbours)
 
 
-class _BlockClusters:
-    """The cluster view's k-means assignments, made once (they do not depend on the prior)."""
-
-    def __init__(self, features, c: int, seed: int) -> None:
-        self.features, self.c, self.seed, self._made = features, c, seed, None
-        self.usable = features is not None and len(features) > c
-
-    def assign(self) -> tuple[np.ndarray, int]:
-        if self._made is None:
-            self._made = kmeans_assign(self.features, 2 * self.c, self.seed)
-        return self._made
-
-
 def _one_prior(probs, stats: SourceStats, names: Sequence[str], live: list[int],
                dead: list[SourceTrust], num_local: int | None,
-               source_weights: Sequence[float] | None, clusters: _BlockClusters,
+               source_weights: Sequence[float] | None, clusters: Clusters,
                class_prior: str) -> AdaptiveTargets:
     """adaptive._one_prior on the spill (the uniform prior rewrites it in place, so it runs
     after the learned one)."""
@@ -276,7 +264,7 @@ def _one_prior(probs, stats: SourceStats, names: Sequence[str], live: list[int],
     conf = models.mean_max_posterior
     lam = cluster_weight(conf) if clusters.usable else 0.0
     if lam > 0:
-        assign, n = clusters.assign()
+        assign, n = clusters.get()
         final = _consensus(BlockViews(probs, live, assign, n), nl, w_models + [lam], post)
     sources = source_report(final, [names[i] for i in live], w_models, c, conf, lam,
                             clusters.features is not None)
