@@ -21,24 +21,7 @@ from pathlib import Path
 import label_quality as lq
 import numpy as np
 from calibration import dump, penultimate
-
-from mrtf.federated.runner import RunConfig
-
-FRESH: dict[str, RunConfig] = {
-    "oneshot-label3": RunConfig(**lq._ONE_SHOT, split="label:3"),
-    "oneshot-dir1.0": RunConfig(**lq._ONE_SHOT, split="dirichlet:1.0"),
-    "rounds-3": RunConfig(**lq._ROUNDS, rounds=3),
-    "rounds-25": RunConfig(**lq._ROUNDS, rounds=25),
-    "mnist5k-to-mnistm5k-T10": RunConfig(**lq._ROUNDS, target="mnistm5k", rounds=10),
-    "mnist5k-to-mnistm5k-T100": RunConfig(**lq._ROUNDS, target="mnistm5k", rounds=100),
-    "digits-to-mnist5k-T100": RunConfig(**{**lq._ROUNDS, "dataset": "digits"},
-                                        target="mnist5k", image_size=28, rounds=100),
-    # domain pairs the grid does not have
-    "mnistm5k-to-mnist5k": RunConfig(**{**lq._ROUNDS, "dataset": "mnistm5k"},
-                                     target="mnist5k", rounds=30),
-    "digits-to-mnistm5k": RunConfig(**{**lq._ROUNDS, "dataset": "digits"},
-                                    target="mnistm5k", image_size=28, rounds=30),
-}
+from label_quality import FRESH
 
 
 def variants(grid: Path, root: Path) -> None:
@@ -90,7 +73,6 @@ def main() -> None:
         dump(str(root / "received"), root / "calib")
         variants(root / "received", root)
         return
-    lq.CELLS.update(FRESH)
     root = Path(args.out)
     for cell in args.cells.split(","):
         for seed in map(int, args.seeds.split(",")):

@@ -18,6 +18,9 @@ loses nothing and a rerun only computes what is missing. Run two single-thread p
     OMP_NUM_THREADS=1 python bench/label_quality.py --shard 1/2 &
     wait; python bench/label_quality.py --report
     python bench/label_quality.py --cells oneshot-dir0.1 --seeds 0 --methods st,adaptive
+
+``--fresh`` runs and reports the 9 fresh scenarios (:data:`FRESH`) instead of the grid, e.g.
+with ``--out runs/fresh``, where bench/calibration_fresh.py simulated them.
 """
 
 from __future__ import annotations
@@ -60,6 +63,24 @@ CELLS.update({
     "mnist5k-to-mnistm5k-T200": RunConfig(**_ROUNDS, target="mnistm5k", rounds=200),
 })
 GRID = [c for c in CELLS if not c.endswith("-T200")]
+#: fresh cells (``--fresh``): 9 scenarios that no constant, signal or default was chosen on
+#: (first simulated for bench/calibration_fresh.py), so they score the default out of sample
+FRESH: dict[str, RunConfig] = {
+    "oneshot-label3": RunConfig(**_ONE_SHOT, split="label:3"),
+    "oneshot-dir1.0": RunConfig(**_ONE_SHOT, split="dirichlet:1.0"),
+    "rounds-3": RunConfig(**_ROUNDS, rounds=3),
+    "rounds-25": RunConfig(**_ROUNDS, rounds=25),
+    "mnist5k-to-mnistm5k-T10": RunConfig(**_ROUNDS, target="mnistm5k", rounds=10),
+    "mnist5k-to-mnistm5k-T100": RunConfig(**_ROUNDS, target="mnistm5k", rounds=100),
+    "digits-to-mnist5k-T100": RunConfig(**{**_ROUNDS, "dataset": "digits"},
+                                        target="mnist5k", image_size=28, rounds=100),
+    # domain pairs the grid does not have
+    "mnistm5k-to-mnist5k": RunConfig(**{**_ROUNDS, "dataset": "mnistm5k"},
+                                     target="mnist5k", rounds=30),
+    "digits-to-mnistm5k": RunConfig(**{**_ROUNDS, "dataset": "digits"},
+                                    target="mnistm5k", image_size=28, rounds=30),
+}
+CELLS.update(FRESH)
 SEEDS = (0, 1, 2)
 
 
@@ -172,8 +193,10 @@ def summarise(rows: list[dict]) -> dict:
     return out
 
 
-def markdown(summary: dict, methods: list[str]) -> str:
-    cells = [c for c in GRID if c in summary]
+def markdown(summary: dict, methods: list[str], grid: list[str] = GRID) -> str:
+    """One row per cell of ``grid`` (bold: the best mean), their mean, then the cells outside
+    it that the summary has (the T = 200 cells)."""
+    cells = [c for c in grid if c in summary]
     head = "| cell | " + " | ".join(methods) + " |\n|---|" + "---|" * len(methods) + "\n"
     lines = []
     for c in cells:
@@ -187,12 +210,13 @@ def markdown(summary: dict, methods: list[str]) -> str:
             txt = f"{s['mean']:.3f} ± {s['std']:.3f}"
             vals.append(f"**{txt}**" if s["mean"] == best else txt)
         lines.append(f"| {c} | " + " | ".join(vals) + " |")
-    extra = [c for c in CELLS if c not in GRID and c in summary]
+    extra = [c for c in CELLS if c not in grid and c not in FRESH and c in summary]
     means = []
     for m in methods:
         have = [summary[c][m]["mean"] for c in cells if m in summary[c]]
         means.append(f"{np.mean(have):.3f}" if len(have) == len(cells) else "–")
-    lines.append("| **grid mean** | " + " | ".join(means) + " |")
+    name = "fresh mean" if grid is not GRID else "grid mean"
+    lines.append(f"| **{name}** | " + " | ".join(means) + " |")
     for c in extra:  # outside the grid mean
         vals = [f"{summary[c][m]['mean']:.3f}" if m in summary[c] else "–" for m in methods]
         lines.append(f"| {c} (seeds {', '.join(summary[c][methods[0]]['per_seed'])}) | "
@@ -200,13 +224,13 @@ def markdown(summary: dict, methods: list[str]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
-def plot(summary: dict, methods: list[str], path: Path) -> None:
+def plot(summary: dict, methods: list[str], path: Path, grid: list[str] = GRID) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cells = [c for c in GRID if c in summary]
+    cells = [c for c in grid if c in summary]
     width = 0.8 / len(methods)
     fig, ax = plt.subplots(figsize=(max(8, 1.4 * len(cells)), 4.5))
     for i, m in enumerate(methods):
@@ -228,21 +252,23 @@ def plot(summary: dict, methods: list[str], path: Path) -> None:
     plt.close(fig)
 
 
-def report(root: Path, methods: list[str]) -> None:
+def report(root: Path, methods: list[str], grid: list[str] = GRID) -> None:
     rows = collect(root)
     summary = summarise(rows)
     (root / "label_quality.json").write_text(json.dumps({"summary": summary, "rows": rows},
                                                         indent=1))
-    md = markdown(summary, methods)
+    md = markdown(summary, methods, grid)
     (root / "label_quality.md").write_text(md)
-    plot(summary, methods, root / "label_quality.png")
+    plot(summary, methods, root / "label_quality.png", grid)
     print(md)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/label_quality")
-    ap.add_argument("--cells", default=",".join(GRID))
+    ap.add_argument("--cells", default=None, help="default: the grid (or, with --fresh, FRESH)")
+    ap.add_argument("--fresh", action="store_true",
+                    help="the 9 fresh scenarios instead of the grid (run and report)")
     ap.add_argument("--seeds", default=",".join(map(str, SEEDS)))
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--shard", default="0/1", help="i/n: this process takes every n-th job")
@@ -250,11 +276,13 @@ def main() -> None:
     args = ap.parse_args()
     root = Path(args.out)
     methods = args.methods.split(",")
+    grid = list(FRESH) if args.fresh else GRID
     if args.report:
-        report(root, methods)
+        report(root, methods, grid)
         return
     i, n = map(int, args.shard.split("/"))
-    pairs = [(c, int(s)) for c in args.cells.split(",") for s in args.seeds.split(",")]
+    cells = args.cells.split(",") if args.cells else grid
+    pairs = [(c, int(s)) for c in cells for s in args.seeds.split(",")]
     for j, (cell, seed) in enumerate(pairs):
         if j % n != i:
             continue
