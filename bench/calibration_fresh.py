@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import label_quality as lq
@@ -27,11 +28,9 @@ from label_quality import FRESH
 def variants(grid: Path, root: Path) -> None:
     """Each cell refined again with seed 1 (``root/seed1``) and down the other branch, seed 0
     (``root/other``: adapt where the default votes, vote where it adapts)."""
-    import mrtf.refinery.pipeline as pl
     from mrtf.io import H5Dataset, load_received
     from mrtf.refinery import RefineConfig, refine
 
-    orig = pl.target_novelty
     for d in sorted(grid.glob("*/received")):
         cell = d.parent.name
         for kind, seed in (("seed1", 1), ("other", 0)):
@@ -39,16 +38,10 @@ def variants(grid: Path, root: Path) -> None:
             if out.is_file():
                 continue
             out.parent.mkdir(parents=True, exist_ok=True)
-
-            def forced(*a, **kw):  # the default's choice, then the opposite one
-                nv = orig(*a, **kw)
-                return orig(*a, gap=100.0 if nv.adapt else -100.0, **kw)
-
-            pl.target_novelty = forced if kind == "other" else orig
-            with H5Dataset(d.parent / "target.h5") as src:
+            branch = lq.other_branch() if kind == "other" else nullcontext()
+            with branch, H5Dataset(d.parent / "target.h5") as src:
                 r = refine(load_received(d), src, RefineConfig(seed=seed, progress=False))
                 feats = penultimate(r.model, src)
-            pl.target_novelty = orig
             np.savez(out, probs=r.probs, feats=feats,
                      adapt=bool(r.info.get("novelty", {}).get("adapt", False)))
             print(kind, cell, flush=True)

@@ -29,7 +29,8 @@ import argparse
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -145,6 +146,25 @@ METHODS: dict[str, Callable] = {
 }
 #: the simple alternatives the default must match in every cell
 BASELINES = ("fedavg", "ensemble", "feddf", "st")
+
+
+@contextmanager
+def other_branch() -> Iterator[None]:
+    """Within: the default takes the branch it would not (novelty.py's choice reversed: adapt
+    where it votes, vote where it adapts)."""
+    import mrtf.refinery.pipeline as pl
+
+    orig = pl.target_novelty
+
+    def forced(*a, **kw):
+        nv = orig(*a, **kw)
+        return orig(*a, gap=100.0 if nv.adapt else -100.0, **kw)
+
+    pl.target_novelty = forced
+    try:
+        yield
+    finally:
+        pl.target_novelty = orig
 
 
 def _jsonable(obj):

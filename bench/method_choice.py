@@ -36,23 +36,6 @@ CANDIDATES = (("adaptive", "mrtf"), ("adaptive", "other"), ("adaptive", "mrtf", 
 MARGINS = (0.0, 0.01, 0.02)
 
 
-def other_branch(received, target, seed: int) -> np.ndarray:
-    """The default's labels down the branch it did not take (novelty.py's choice reversed)."""
-    import mrtf.refinery.pipeline as pl
-
-    orig = pl.target_novelty
-
-    def forced(*a, **kw):
-        nv = orig(*a, **kw)
-        return orig(*a, gap=100.0 if nv.adapt else -100.0, **kw)
-
-    pl.target_novelty = forced
-    try:
-        return lq.METHODS["adaptive"](received, target, seed)[0].argmax(1)
-    finally:
-        pl.target_novelty = orig
-
-
 def dump(cells: list[Path], out: Path, shard: tuple[int, int]) -> None:
     from mrtf.io import H5Dataset, load_received
     from mrtf.trust.neighbours import target_neighbours
@@ -69,7 +52,8 @@ def dump(cells: list[Path], out: Path, shard: tuple[int, int]) -> None:
                 torch.manual_seed(seed)
                 labels[m] = lq.METHODS[m](rs, src, seed)[0].argmax(1)
             torch.manual_seed(seed)
-            labels["other"] = other_branch(rs, src, seed)
+            with lq.other_branch():
+                labels["other"] = lq.METHODS["adaptive"](rs, src, seed)[0].argmax(1)
             y, nb = src.labels(), target_neighbours(src)
         tmp = path.with_suffix(".tmp.npz")
         np.savez(tmp, y=y, nb=nb, **labels)
