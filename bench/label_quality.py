@@ -213,7 +213,8 @@ def summarise(rows: list[dict]) -> dict:
     return out
 
 
-def markdown(summary: dict, methods: list[str], grid: list[str] = GRID) -> str:
+def markdown(summary: dict, methods: list[str], grid: list[str] = GRID,
+             title: str = "grid mean") -> str:
     """One row per cell of ``grid`` (bold: the best mean), their mean, then the cells outside
     it that the summary has (the T = 200 cells)."""
     cells = [c for c in grid if c in summary]
@@ -235,8 +236,7 @@ def markdown(summary: dict, methods: list[str], grid: list[str] = GRID) -> str:
     for m in methods:
         have = [summary[c][m]["mean"] for c in cells if m in summary[c]]
         means.append(f"{np.mean(have):.3f}" if len(have) == len(cells) else "–")
-    name = "fresh mean" if grid is not GRID else "grid mean"
-    lines.append(f"| **{name}** | " + " | ".join(means) + " |")
+    lines.append(f"| **{title}** | " + " | ".join(means) + " |")
     for c in extra:  # outside the grid mean
         vals = [f"{summary[c][m]['mean']:.3f}" if m in summary[c] else "–" for m in methods]
         lines.append(f"| {c} (seeds {', '.join(summary[c][methods[0]]['per_seed'])}) | "
@@ -272,12 +272,13 @@ def plot(summary: dict, methods: list[str], path: Path, grid: list[str] = GRID) 
     plt.close(fig)
 
 
-def report(root: Path, methods: list[str], grid: list[str] = GRID) -> None:
+def report(root: Path, methods: list[str], grid: list[str] = GRID,
+           title: str = "grid mean") -> None:
     rows = collect(root)
     summary = summarise(rows)
     (root / "label_quality.json").write_text(json.dumps({"summary": summary, "rows": rows},
                                                         indent=1))
-    md = markdown(summary, methods, grid)
+    md = markdown(summary, methods, grid, title)
     (root / "label_quality.md").write_text(md)
     plot(summary, methods, root / "label_quality.png", grid)
     print(md)
@@ -298,7 +299,7 @@ def main() -> None:
     methods = args.methods.split(",")
     grid = list(FRESH) if args.fresh else GRID
     if args.report:
-        report(root, methods, grid)
+        report(root, methods, grid, "fresh mean" if args.fresh else "grid mean")
         return
     i, n = map(int, args.shard.split("/"))
     cells = args.cells.split(",") if args.cells else grid
