@@ -117,8 +117,9 @@ def test_refine_label_score_end_to_end(simulated, tmp_path):
               "--model", model, "--steps", "30", "--seed", "1", "--json")
     assert res.exit_code == 0, res.output
     summary = json.loads(res.output)
-    assert summary["method"] == "adaptive" and set(summary["accuracy"]) == {"averaged", "targets",
-                                                                         "refined"}
+    assert summary["method"] == "adaptive" and set(summary["accuracy"]) == {
+        "averaged", "targets", "refined_model", "refined"}  # refined: the labels' (voted)
+    assert summary["neighbour_vote"]["k"] == 3 and summary["neighbour_vote"]["changed"] >= 0
     assert summary["novelty"]["line"].startswith("target novelty")  # vote or adapt, and why
     assert isinstance(summary["novelty"]["adapt"], bool)
     # the default class prior ("auto") says which prior it kept and the evidence for it
@@ -241,7 +242,7 @@ def test_heterogeneous_parties_need_and_use_a_student(simulated, tmp_path):
     assert summary["heterogeneous"] is True
     assert any("heterogeneous" in n for n in summary["notes"])
     # issue 15.11: the student's accuracy is reported as the student's, not as an average
-    assert set(summary["accuracy"]) == {"student", "targets", "refined"}
+    assert set(summary["accuracy"]) == {"student", "targets", "refined_model", "refined"}
 
 
 def test_convert_builtin_and_arrays(tmp_path):

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from mrtf.averaging import parse_aggregate
 from mrtf.errors import InputError
+from mrtf.refinery.neighbour_vote import NEIGHBOURS
 from mrtf.refinery.prior_choice import CLASS_PRIORS
 from mrtf.refinery.teachers import STACK_MODES
 
@@ -13,17 +14,20 @@ from mrtf.refinery.teachers import STACK_MODES
 @dataclass(frozen=True)
 class MethodSpec:
     """What a method needs. teachers: 'none' (θ_{t+1} as it is), 'locals' (S_t) or 'all'
-    (S_t, θ_t and θ_{t+1}); features: θ_{t+1}'s features are kept (CLR / cluster view)."""
+    (S_t, θ_t and θ_{t+1}); features: θ_{t+1}'s features are kept (CLR / cluster view);
+    vote: the labels are the refined model's neighbour vote (neighbour_vote.py)."""
 
     teachers: str
     features: bool
     summary: str
+    vote: bool = False
 
 
 #: one row per method; the paper's ablation (Fig. 11) plus the adaptive default
 METHOD_SPECS: dict[str, MethodSpec] = {
     "adaptive": MethodSpec("all", True, "consensus of every source with measured trust "
-                                        "(adaptive.py; the default)"),
+                                        "(adaptive.py) and a neighbour vote "
+                                        "(neighbour_vote.py); the default", vote=True),
     "fedavg": MethodSpec("none", False, "θ_{t+1}, the parameter average, no refinement"),
     "feddf": MethodSpec("locals", False, "AvgLogit targets (Eq. 3)"),
     "st": MethodSpec("locals", False, "stabilized AvgProb targets (Eq. 6-7)"),
@@ -69,6 +73,10 @@ class RefineConfig:
         more than ~768 MB), 'on' or 'off'. Same labels either way.
     scratch_dir : where streaming puts its scratch folder (removed at the end); None = the
         system's temporary folder. The CLI uses the labels file's folder.
+    neighbour_vote : (adaptive only) k of the labels' neighbour vote: each label is the
+        refined model's softmax summed over the sample and its k nearest target samples in
+        the model's feature space (neighbour_vote.py; +0.9 / +1.0 points on the grid / fresh
+        sets at k = 3); 0 = the model's own argmax.
     """
 
     method: str = "adaptive"
@@ -89,6 +97,12 @@ class RefineConfig:
     aggregate: str = "mean"
     stream: str = "auto"
     scratch_dir: str | None = None
+    neighbour_vote: int = NEIGHBOURS
+
+    @property
+    def vote_k(self) -> int:
+        """Neighbours of the labels' vote: ``neighbour_vote`` for a method that votes, else 0."""
+        return self.neighbour_vote if METHOD_SPECS[self.method].vote else 0
 
     def validate(self) -> None:
         def bad(cond: bool, msg: str) -> None:
@@ -115,5 +129,7 @@ class RefineConfig:
             parse_aggregate(self.aggregate)
         except ValueError as exc:
             raise InputError(str(exc)) from None
+        bad(self.neighbour_vote < 0, f"--neighbour-vote must be >= 0 (0: off), got "
+            f"{self.neighbour_vote}")
         bad(self.stream not in STREAM_MODES, f"stream must be one of {STREAM_MODES}")
 

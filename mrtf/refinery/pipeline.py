@@ -27,6 +27,7 @@ from mrtf.refinery.adaptive import adaptive_targets, input_independent
 from mrtf.refinery.cluster import prototype_targets
 from mrtf.refinery.config import METHOD_SPECS, METHODS, REF_STD_BATCH, VARIANTS, RefineConfig
 from mrtf.refinery.distill import distill
+from mrtf.refinery.neighbour_vote import NeighbourVote, final_probs
 from mrtf.refinery.novelty import Novelty, target_novelty
 from mrtf.refinery.rectify import U_FALLBACK, rectified_targets, u_t
 from mrtf.refinery.teachers import (
@@ -55,10 +56,10 @@ __all__ = ["METHODS", "METHOD_SPECS", "VARIANTS", "RefineConfig", "RefineResult"
 
 @dataclass
 class RefineResult:
-    """model: refined module (eval mode, on the CPU). probs (M, C): its softmax on the target
-    (the labels). target_probs (M, C): distillation targets (fedavg: θ_{t+1}'s probs; adaptive:
-    the consensus, kept for the record when θ_{t+1} was adapted to the target instead,
-    novelty.py).
+    """model: refined module (eval mode, on the CPU). probs (M, C): the labels' probabilities:
+    its softmax on the target, or (adaptive) its neighbour vote (``model_probs``: its own).
+    target_probs (M, C): distillation targets (fedavg: θ_{t+1}'s probs; adaptive: the
+    consensus, kept for the record when θ_{t+1} was adapted to the target instead, novelty.py).
     averaged_probs (M, C): θ_{t+1} (or the student) before refinement. info: method, variant,
     u_t, teachers, heterogeneous, notes, config (adaptive: also sources, trust, novelty).
     timings: seconds per stage."""
@@ -72,6 +73,9 @@ class RefineResult:
     #: calibrated confidence of the labels and the label-free accuracy estimate
     #: (mrtf.trust.calibration.Calibration); None only if it could not be computed
     calibration: Any = None
+    #: the refined model's own softmax (M, C) when ``probs`` are its neighbour vote
+    #: (neighbour_vote.py, the adaptive default); None when ``probs`` are the model's own
+    model_probs: np.ndarray | None = None
 
 
 def accuracy_of(probs: np.ndarray, y: np.ndarray) -> float:
@@ -313,21 +317,25 @@ def refine(received, source, config: RefineConfig | None = None,
         if novelty is not None:
             extra["novelty"] = novelty
     t0 = time.perf_counter()
-    probs = before if not teachers else \
-        predict_probs(model, source, config.inference_batch, dev, config.stack)
+    probs, vote = (before, None) if not teachers else \
+        final_probs(model, source, config.vote_k, config.inference_batch, dev, config.stack)
     timings["predict"] = time.perf_counter() - t0
     info = {"method": config.method, "variant": config.variant, "u_t": u,
             "teachers": len(plan.locals_), "heterogeneous": plan.heterogeneous,
             "notes": notes, "config": asdict(config)}
     return finish(model, probs, targets, before, info, extra.get("adaptive"),
-                  extra.get("novelty"), signals, trusted, config, timings)
+                  extra.get("novelty"), signals, trusted, config, timings, vote)
 
 
 def finish(model: nn.Module, probs: np.ndarray, targets: np.ndarray, before: np.ndarray,
            info: dict[str, Any], adaptive, novelty: Novelty | None, signals, trusted,
-           config: RefineConfig, timings: dict[str, float]) -> RefineResult:
+           config: RefineConfig, timings: dict[str, float], vote: NeighbourVote | None = None
+           ) -> RefineResult:
     """The result both refine paths return: ``info`` with the adaptive method's account,
-    the vote-or-adapt choice, the calibration (timed) and the party reliability."""
+    the vote-or-adapt choice, the neighbour vote, the calibration (timed) and the party
+    reliability."""
+    if vote is not None:
+        info["neighbour_vote"] = vote.info()
     if adaptive is not None:
         info.update(adaptive_info(adaptive, probs, before))
     if novelty is not None:
@@ -338,7 +346,8 @@ def finish(model: nn.Module, probs: np.ndarray, targets: np.ndarray, before: np.
     timings["calibration"] += time.perf_counter() - t0
     if trusted is not None:
         info.update(trusted.info(config.aggregate))
-    return RefineResult(model.eval().cpu(), probs, targets, before, info, timings, cal)
+    return RefineResult(model.eval().cpu(), probs, targets, before, info, timings, cal,
+                        None if vote is None else vote.probs)
 
 
 def _novelty(plan: _Plan, logits: np.ndarray, used, config: RefineConfig,

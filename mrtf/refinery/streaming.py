@@ -23,7 +23,8 @@ every later stage reads them back a block at a time:
 4. distillation as in memory (it holds steps × batch rows, not M), or, where the default
    adapts θ_{t+1} to a target new to the parties, SHOT with its pseudo-label pass's
    features in a scratch file (shot.py);
-5. final prediction, streamed.
+5. final prediction, streamed, and (adaptive) the neighbour vote (neighbour_vote.py: the
+   refined model's features are compared block by block with a fixed reference set).
 
 Held in memory: the (M, C) targets, θ_{t+1}'s and the refined model's softmax, the adaptive
 posterior (M, C) float64, and blocks. The labels file is written block by block
@@ -46,6 +47,7 @@ from mrtf.device import pick_device
 from mrtf.errors import InputError
 from mrtf.refinery.cluster import prototype_targets
 from mrtf.refinery.config import METHOD_SPECS, RefineConfig
+from mrtf.refinery.neighbour_vote import final_probs
 from mrtf.refinery.spill import Scratch, SpillArray, TeacherMajor
 from mrtf.refinery.streaming_adaptive import SourceStats, adaptive_targets_blocks
 from mrtf.refinery.teachers import TeacherChunks, _softmax_np
@@ -169,14 +171,14 @@ def refine_streaming(received, source, config: RefineConfig,
         model = pl._fit(student_model, source, targets, config, dev, novelty, streaming=True)
         timings["distill"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    probs = before if not teachers else pl.predict_probs(model, source, config.inference_batch,
-                                                         dev, config.stack)
+    probs, vote = (before, None) if not teachers else \
+        final_probs(model, source, config.vote_k, config.inference_batch, dev, config.stack)
     timings["predict"] = time.perf_counter() - t0
     info = {"method": config.method, "variant": config.variant, "u_t": u,
             "teachers": len(plan.locals_), "heterogeneous": plan.heterogeneous,
             "notes": notes, "config": asdict(config), "streaming": True}
     return pl.finish(model, probs, targets, before, info, extra.get("adaptive"), novelty,
-                     local, trusted, config, timings)
+                     local, trusted, config, timings, vote)
 
 
 def _local_signals(sink: _Pass, k: int, before: np.ndarray):

@@ -48,7 +48,8 @@ class RefineryStrategy(Strategy):
         refined = cpu_state(res.model)
         nxt = avg if on_average else refined
         warnings = []
-        if nxt is refined and input_independent(res.probs):
+        own = res.probs if res.model_probs is None else res.model_probs  # not its vote
+        if nxt is refined and input_independent(own):
             # measured on mnist5k (Dirichlet 0.1): when the teachers' predictions carry no class
             # information, distillation kills every ReLU of a layer; the clients' gradients
             # through it are then zero, so local training can never revive the model
