@@ -13,7 +13,6 @@ from mrtf.refinery.pipeline import (
     check_fits,
     ensemble_targets,
     newest_locals,
-    predict_probs,
     refine,
 )
 from mrtf.refinery.rectify import entropy, entropy_weights, rectified_targets, u_t
@@ -23,6 +22,7 @@ from mrtf.refinery.teachers import (
     avg_logit,
     avg_prob,
     group_by_arch,
+    predict_probs,
     stabilized_probs,
     teacher_logits,
 )

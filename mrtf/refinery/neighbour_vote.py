@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from mrtf.io.hdf5 import ArraySource
-from mrtf.refinery.teachers import TeacherChunks, _softmax_np, teacher_logits
+from mrtf.refinery.teachers import TeacherChunks, _softmax_np, predict_probs
 from mrtf.trust.neighbours import reference_rows
 
 #: neighbours per sample (see the module docstring for how it was chosen)
@@ -138,8 +138,7 @@ def final_probs(model: nn.Module, source, k: int, batch_size: int = 1024,
     if k >= 1 and hasattr(model, "forward_features") and len(source) > 1:
         out = predict_with_vote(model, source, k, REFERENCE, batch_size, device, stack)
         return out.voted, out
-    return _softmax_np(teacher_logits([model], source, batch_size, device, stack=stack)
-                       .logits[0]), None
+    return predict_probs(model, source, batch_size, device, stack), None
 
 
 def _features(model: nn.Module, source, batch_size: int, device, stack: str) -> np.ndarray:

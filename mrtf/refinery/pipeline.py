@@ -39,6 +39,7 @@ from mrtf.refinery.teachers import (
     global_stds,
     newest_global,
     newest_locals,
+    predict_probs,
     stabilized_probs,
     teacher_logits,
 )
@@ -84,16 +85,6 @@ def accuracy_of(probs: np.ndarray, y: np.ndarray) -> float:
     if len(y) != len(probs):
         raise InputError(f"{len(probs)} predictions but {len(y)} labels")
     return float((np.asarray(probs).argmax(1) == y).mean())
-
-
-def predict_probs(model: nn.Module, source, batch_size: int = 1024,
-                  device: torch.device | str | None = None, stack: str = "loop"
-                  ) -> np.ndarray:
-    """σ(f(x)) of one model on the whole source, streamed, inference mode → (M, C) float32.
-    ``stack`` as teacher_logits: refine passes its own ('auto': the CPU fast path, ~5x the
-    loop for zoo conv nets), so the labels come from the path the teachers took."""
-    out = teacher_logits([model], source, batch_size, device, stack=stack).logits[0]
-    return _softmax_np(out)
 
 
 def _arch_id(m) -> tuple[str, str]:

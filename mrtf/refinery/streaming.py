@@ -50,7 +50,7 @@ from mrtf.refinery.config import METHOD_SPECS, RefineConfig
 from mrtf.refinery.neighbour_vote import final_probs
 from mrtf.refinery.spill import Scratch, SpillArray, TeacherMajor
 from mrtf.refinery.streaming_adaptive import SourceStats, adaptive_targets_blocks
-from mrtf.refinery.teachers import TeacherChunks, _softmax_np
+from mrtf.refinery.teachers import TeacherChunks, _softmax_np, predict_probs
 from mrtf.refinery.trusted import apply_trust, trust_on, with_neighbours
 
 if TYPE_CHECKING:  # pipeline imports this module lazily; no import cycle at run time
@@ -146,7 +146,7 @@ def refine_streaming(received, source, config: RefineConfig,
                                  f"of {len(source)} target samples (their weights or the data "
                                  "overflow float32); rescale the data or check the models")
         before = sink.before if sink is not None and sink.before is not None else \
-            pl.predict_probs(self_model, source, config.inference_batch, dev)
+            predict_probs(self_model, source, config.inference_batch, dev)
         timings["teachers"] = time.perf_counter() - t0 + t_trust
         student_model = pl._live_start(plan, before, config, notes, student is not None)
         if sink is None:  # fedavg: θ_{t+1} as it is

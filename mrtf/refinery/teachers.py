@@ -313,6 +313,16 @@ def stabilized_probs(logits: np.ndarray, tau: float = 4.0, std: str = "global",
     return out[0] if squeeze else out
 
 
+def predict_probs(model: nn.Module, source, batch_size: int = 1024,
+                  device: torch.device | str | None = None, stack: str = "loop"
+                  ) -> np.ndarray:
+    """σ(f(x)) of one model on the whole source, streamed, inference mode → (M, C) float32.
+    ``stack`` as teacher_logits: refine passes its own ('auto': the CPU fast path, ~5x the
+    loop for zoo conv nets), so the labels come from the path the teachers took."""
+    out = teacher_logits([model], source, batch_size, device, stack=stack).logits[0]
+    return _softmax_np(out)
+
+
 def _weights(weights: Sequence[float] | np.ndarray | None, k: int) -> np.ndarray:
     w = np.full(k, 1.0 / k) if weights is None else np.asarray(weights, dtype=np.float64)
     if w.shape[0] != k or (w < 0).any() or w.sum() <= 0:
