@@ -29,7 +29,7 @@ from mrtf.io.parties import describe, duplicate_parties, plan_parties
 from mrtf.io.refined import new_student, refined_meta
 from mrtf.progress import log_lines
 from mrtf.refinery import METHODS, RefineConfig, accuracy_of, refine
-from mrtf.refinery.neighbour_vote import NEIGHBOURS
+from mrtf.refinery.neighbour_vote import NEIGHBOURS, check_neighbours
 from mrtf.refinery.streaming import memory_estimate, use_streaming
 from mrtf.trust.selective import check_selection, select
 
@@ -125,8 +125,7 @@ def refine_cmd(received: Path, data: Path | None, labels_out: Path | None,
     if data is None and (opts["aggregate"] != "mean" or opts["trust"]):
         raise InputError("--aggregate and --trust apply with --data only")
     check_selection(opts["min_confidence"], opts["coverage"])
-    if opts["neighbour_vote"] < 0:
-        raise InputError(f"--neighbour-vote must be >= 0 (0: off), got {opts['neighbour_vote']}")
+    check_neighbours(opts["neighbour_vote"])
     if data is None and (opts["min_confidence"] is not None or opts["coverage"] is not None):
         raise InputError("--min-confidence and --coverage apply with --data only")
     # every input a listed output could clobber: the received files (and sidecars), the data

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from mrtf.averaging import parse_aggregate
 from mrtf.errors import InputError
-from mrtf.refinery.neighbour_vote import NEIGHBOURS
+from mrtf.refinery.neighbour_vote import NEIGHBOURS, check_neighbours
 from mrtf.refinery.prior_choice import CLASS_PRIORS
 from mrtf.refinery.teachers import STACK_MODES
 
@@ -129,7 +129,6 @@ class RefineConfig:
             parse_aggregate(self.aggregate)
         except ValueError as exc:
             raise InputError(str(exc)) from None
-        bad(self.neighbour_vote < 0, f"--neighbour-vote must be >= 0 (0: off), got "
-            f"{self.neighbour_vote}")
+        check_neighbours(self.neighbour_vote)
         bad(self.stream not in STREAM_MODES, f"stream must be one of {STREAM_MODES}")
 

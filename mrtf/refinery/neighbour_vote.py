@@ -31,9 +31,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from mrtf.errors import InputError
 from mrtf.io.hdf5 import ArraySource
 from mrtf.refinery.teachers import TeacherChunks, _softmax_np, predict_probs
-from mrtf.trust.neighbours import reference_rows
+from mrtf.trust.neighbours import read_rows, reference_rows
 
 #: neighbours per sample (see the module docstring for how it was chosen)
 NEIGHBOURS = 3
@@ -41,6 +42,12 @@ NEIGHBOURS = 3
 REFERENCE = 4096
 #: rows compared with the reference at a time
 BLOCK = 2048
+
+
+def check_neighbours(k: int) -> None:
+    """InputError unless k (``--neighbour-vote``) is ≥ 0."""
+    if k < 0:
+        raise InputError(f"--neighbour-vote must be >= 0 (0: off), got {k}")
 
 
 @dataclass
@@ -103,8 +110,8 @@ def predict_with_vote(model: nn.Module, source, k: int = NEIGHBOURS,
     k = min(k, len(ref) - 1)
     ref_unit = None
     if len(ref) < m:  # the reference rows' features first, so every block finds its neighbours
-        x_ref = np.concatenate([source.read(int(i), int(i) + 1) for i in ref])
-        ref_unit = _unit(_features(model, ArraySource(x_ref), batch_size, device, stack))
+        ref_unit = _unit(_features(model, ArraySource(read_rows(source, ref)), batch_size,
+                                   device, stack))
     probs: np.ndarray | None = None
     feats: np.ndarray | None = None  # only when the reference is the whole target (m ≤ R)
     neighbours = np.empty((m, max(k, 0)), dtype=np.int64)

@@ -40,6 +40,14 @@ def reference_rows(m: int, reference: int = REFERENCE) -> np.ndarray:
     return np.unique(np.linspace(0, m - 1, reference).round().astype(np.int64))
 
 
+def read_rows(source, rows: np.ndarray) -> np.ndarray:
+    """The inputs of ``rows`` (sorted reference rows, :func:`reference_rows`) of ``source``:
+    one read when they are all the rows, else one read per row."""
+    if len(rows) == len(source):
+        return source.read(0, len(source))
+    return np.concatenate([source.read(int(i), int(i) + 1) for i in rows])
+
+
 def _unit(z: np.ndarray) -> np.ndarray:
     return z / (np.linalg.norm(z, axis=1, keepdims=True) + 1e-12)
 
@@ -62,8 +70,7 @@ def target_neighbours(source, k: int = K, reference: int = REFERENCE, dims: int 
         x = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
         return x if cols is None else x[:, cols]
 
-    xr = flat(source.read(0, m)) if len(ref) == m else \
-        np.concatenate([flat(source.read(int(i), int(i) + 1)) for i in ref])
+    xr = flat(read_rows(source, ref))
     mu = xr.mean(0)
     _, _, vt = np.linalg.svd(xr - mu, full_matrices=False)
     basis = vt[:dims].T
