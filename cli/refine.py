@@ -9,7 +9,8 @@ import click
 import numpy as np
 
 from mrtf.averaging import parse_aggregate
-from mrtf.cli.common import Out, output_options, run_guarded, table
+from mrtf.cli.common import Out, output_options, run_guarded
+from mrtf.cli.refine_report import say_account, say_selection, scores, summary
 from mrtf.errors import InputError
 from mrtf.io.bundles import (
     BundleMeta,
@@ -28,7 +29,7 @@ from mrtf.io.outputs import Outputs
 from mrtf.io.parties import describe, duplicate_parties, plan_parties
 from mrtf.io.refined import new_student, refined_meta
 from mrtf.progress import log_lines
-from mrtf.refinery import METHODS, RefineConfig, accuracy_of, refine
+from mrtf.refinery import METHODS, RefineConfig, refine
 from mrtf.refinery.neighbour_vote import NEIGHBOURS, check_neighbours
 from mrtf.refinery.streaming import memory_estimate, use_streaming
 from mrtf.trust.selective import check_selection, select
@@ -155,93 +156,30 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, outs: Outputs,
                       labels_out: Path | None, model_out: Path | None, opts: dict[str, Any],
                       out: Out) -> None:
     student, student_meta = load_student(rs, opts, source.sample_shape, out)
-    # in memory the teachers' outputs (K × M × C) and the features of M samples are held;
-    # streaming holds (M, C) arrays and spills the rest beside the outputs: a file declaring
-    # 10^9 rows is refused here, not by the OOM killer (or a full disk) later
-    k, c, m, d = len(rs.models) + 1, rs.num_classes, len(source), _feature_dim(rs)
-    scratch = next(p for p in (labels_out, model_out, opts["csv_out"]) if p is not None)
-    cfg = RefineConfig(method=opts["method"], variant=opts["variant"], tau=opts["tau"],
-                       steps=500 if opts["steps"] is None else opts["steps"],
-                       batch_size=opts["batch_size"], lr=opts["lr"],
-                       clr_iterations=opts["clr_iterations"],
-                       clr_min_round=opts["clr_min_round"], seed=opts["seed"],
-                       device=opts["device"], progress=out.progress,
-                       class_prior=opts["class_prior"],
-                       trust=opts["trust"], aggregate=opts["aggregate"],
-                       stream=opts["stream"], scratch_dir=str(scratch.parent),
-                       neighbour_vote=opts["neighbour_vote"])
-    streaming = use_streaming(cfg, m, k, c, d)
-    check_memory(memory_estimate(m, k, c, d, streaming),
-                 f"refining {m:,} samples with {k - 1} models and {c} classes")
-    space = _estimated_bytes(rs, len(source), labels_out, model_out)
-    if streaming:  # the scratch files: logits (M, K, C) and features (M, D), float32
-        space[scratch] = space.get(scratch, 0) + m * (k * c + d) * 4
-    outs.check_space(space)
-    cfg.stream = "on" if streaming else "off"
+    cfg = _checked_config(rs, source, outs, labels_out, model_out, opts, out.progress)
     probe_outputs(rs, source, student)
     # the refined model's metadata must be writable: find out now, not after the work
     refined_meta(rs, student_meta, cfg.method, {}).validate("the refined model's metadata")
-    local = rs.by_role("local")
-    out.say(f"refining {len(local)} local models ({len(rs.by_role('global'))} θ_t) on "
-            f"{len(source)} samples: method={cfg.method} variant={cfg.variant} "
-            f"steps={cfg.steps} seed={cfg.seed}")
+    out.say(f"refining {len(rs.by_role('local'))} local models "
+            f"({len(rs.by_role('global'))} θ_t) on {len(source)} samples: "
+            f"method={cfg.method} variant={cfg.variant} steps={cfg.steps} seed={cfg.seed}")
     with log_lines(out.progress):
         result = run_guarded(lambda: refine(rs, source, cfg, student))
-    for note in result.info["notes"]:
-        out.say(f"note: {note}")
-    if "reliability" in result.info:
-        _say_reliability(result.info["reliability"], out)
-    for line in result.info.get("trust", []):
-        out.say(f"source {line}")
-    if "class_prior" in result.info:  # the adaptive method's class prior, and why
-        out.say(result.info["class_prior"]["line"])
-    if "novelty" in result.info:  # the adaptive method's choice: distil the vote or adapt
-        out.say(result.info["novelty"]["line"])
-    if "neighbour_vote" in result.info:
-        nv = result.info["neighbour_vote"]
-        out.say(f"neighbour vote (k = {nv['k']}, among {nv['reference']:,} samples): "
-                f"{nv['changed']:,} labels differ from the refined model's own prediction")
+    say_account(result, out)
     cal = result.calibration
-    out.say(cal.line())
-    for note in cal.notes:
-        out.say(f"note: {note}")
     selection = select(cal.confidence, opts["min_confidence"], opts["coverage"])
-    if selection is not None:
-        out.say(f"selective labeling ({selection.rule}): {int(selection.abstained.sum())} of "
-                f"{len(source)} samples left unlabeled (label -1); estimated accuracy of the "
-                f"kept labels {float(cal.confidence[~selection.abstained].mean()):.3f}"
-                if (~selection.abstained).any() else
-                f"selective labeling ({selection.rule}): every sample left unlabeled")
-    scores: dict[str, float] = {}
-    y = source.labels()
-    if y is not None:  # scoring only: y never reaches the refinery
-        # the model distillation starts from: the parameter average, or the given student
-        # (heterogeneous parties have no average), named as what it is in text and JSON
-        own = result.info["heterogeneous"] or student is not None
-        first = "student" if own else "averaged"
-        scores = {first: accuracy_of(result.averaged_probs, y),
-                  "targets": accuracy_of(result.target_probs, y),
-                  "refined": accuracy_of(result.probs, y)}
-        rows = [["student before refinement" if own else "averaged model", scores[first]],
-                ["teacher targets", scores["targets"]]]
-        if result.model_probs is not None:  # the labels are the model's neighbour vote
-            scores["refined_model"] = accuracy_of(result.model_probs, y)
-            rows += [["refined model", scores["refined_model"]],
-                     ["labels (neighbour vote)", scores["refined"]]]
-        else:
-            rows.append(["refined model", scores["refined"]])
-        if selection is not None and (~selection.abstained).any():
-            keep = ~selection.abstained
-            scores["kept"] = accuracy_of(result.probs[keep], y[keep])
-            rows.append(["kept labels (selective)", scores["kept"]])
-        out.say(table(rows, ["accuracy on --data y", ""]))
-    parties = [m.name for m in rs.models]
+    say_selection(selection, cal.confidence, out)
+    # the model distillation starts from: the parameter average, or the given student
+    # (heterogeneous parties have no average), named as what it is in text and JSON
+    own = result.info["heterogeneous"] or student is not None
+    accuracy = scores(result, source.labels(), own, selection, out)
     config = {**result.info["config"], "u_t": result.info["u_t"]}
     # every output is written to its temporary file first, then they are renamed together
     labels = LabelSet.from_probs(
         result.probs, source.ids(), cal.confidence,
         None if selection is None else selection.abstained,
         {**cal.attrs(), **({"selection": selection.to_dict()} if selection else {})})
+    parties = [m.name for m in rs.models]
     if labels_out is not None:
         with outs.writing(labels_out) as tmp:
             write_labels(tmp, labels, cfg.method, config, parties, atomic=False)
@@ -258,34 +196,39 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, outs: Outputs,
             out.say(f"wrote labels for {len(source)} samples to {path}")
     if model_out is not None:
         out.say(f"wrote refined model to {model_out}")
-    out.summary({"command": "refine", "method": cfg.method, "variant": cfg.variant,
-                 "samples": len(source), "u_t": result.info["u_t"],
-                 "heterogeneous": result.info["heterogeneous"], "notes": result.info["notes"],
-                 "sources": result.info.get("sources"), "novelty": result.info.get("novelty"),
-                 "class_prior": result.info.get("class_prior"),
-                 "neighbour_vote": result.info.get("neighbour_vote"),
-                 "parties": opts["parties"],
-                 "reliability": result.info.get("reliability"),
-                 "reliability_samples": result.info.get("reliability_samples"),
-                 "verdicts": result.info.get("verdicts"), "aggregate": cfg.aggregate,
-                 "estimated_accuracy": result.info.get("estimated_accuracy"),
-                 "calibration": cal.attrs(),
-                 "selection": None if selection is None else selection.to_dict(),
-                 "accuracy": scores or None, "timings": result.timings,
-                 "labels": str(labels_out) if labels_out else None,
-                 "csv": str(opts["csv_out"]) if opts["csv_out"] else None,
-                 "model": str(model_out) if model_out else None})
+    out.summary(summary(result, len(source), opts, cfg.aggregate, selection, accuracy,
+                        {"labels": labels_out, "csv": opts["csv_out"], "model": model_out}))
 
 
-def _say_reliability(parties: list[dict[str, Any]], out: Out) -> None:
-    """The per-party table and verdicts (mrtf.trust.reliability), as ``inspect --data``."""
-    from mrtf.trust.reliability import PartyReliability, ReliabilityReport
-
-    report = ReliabilityReport([PartyReliability(**p) for p in parties], [])
-    out.say(table(report.rows(), report.HEADER))
-    flagged = report.flagged
-    out.say(f"{len(flagged)} parties flagged: " + (
-        ", ".join(f"{p.name} ({p.verdict})" for p in flagged) if flagged else "none"))
+def _checked_config(rs: ReceivedSet, source: H5Dataset, outs: Outputs,
+                    labels_out: Path | None, model_out: Path | None, opts: dict[str, Any],
+                    progress: bool) -> RefineConfig:
+    """The RefineConfig of the options, once the run fits in memory and on disk (streaming
+    or not is decided here and fixed in the config)."""
+    # in memory the teachers' outputs (K × M × C) and the features of M samples are held;
+    # streaming holds (M, C) arrays and spills the rest beside the outputs: a file declaring
+    # 10^9 rows is refused here, not by the OOM killer (or a full disk) later
+    k, c, m, d = len(rs.models) + 1, rs.num_classes, len(source), _feature_dim(rs)
+    scratch = next(p for p in (labels_out, model_out, opts["csv_out"]) if p is not None)
+    cfg = RefineConfig(method=opts["method"], variant=opts["variant"], tau=opts["tau"],
+                       steps=500 if opts["steps"] is None else opts["steps"],
+                       batch_size=opts["batch_size"], lr=opts["lr"],
+                       clr_iterations=opts["clr_iterations"],
+                       clr_min_round=opts["clr_min_round"], seed=opts["seed"],
+                       device=opts["device"], progress=progress,
+                       class_prior=opts["class_prior"],
+                       trust=opts["trust"], aggregate=opts["aggregate"],
+                       stream=opts["stream"], scratch_dir=str(scratch.parent),
+                       neighbour_vote=opts["neighbour_vote"])
+    streaming = use_streaming(cfg, m, k, c, d)
+    check_memory(memory_estimate(m, k, c, d, streaming),
+                 f"refining {m:,} samples with {k - 1} models and {c} classes")
+    space = _estimated_bytes(rs, len(source), labels_out, model_out)
+    if streaming:  # the scratch files: logits (M, K, C) and features (M, D), float32
+        space[scratch] = space.get(scratch, 0) + m * (k * c + d) * 4
+    outs.check_space(space)
+    cfg.stream = "on" if streaming else "off"
+    return cfg
 
 
 def report_parties(rs: ReceivedSet, job: str, out: Out) -> list[dict[str, Any]]:
