@@ -27,7 +27,7 @@ from mrtf.refinery.adaptive import adaptive_targets, input_independent
 from mrtf.refinery.cluster import prototype_targets
 from mrtf.refinery.config import METHOD_SPECS, METHODS, REF_STD_BATCH, VARIANTS, RefineConfig
 from mrtf.refinery.distill import distill
-from mrtf.refinery.neighbour_vote import NeighbourVote, final_probs
+from mrtf.refinery.neighbour_vote import final_probs
 from mrtf.refinery.novelty import Novelty, target_novelty
 from mrtf.refinery.rectify import U_FALLBACK, rectified_targets, u_t
 from mrtf.refinery.teachers import (
@@ -307,24 +307,25 @@ def refine(received, source, config: RefineConfig | None = None,
         timings["distill"] = time.perf_counter() - t0
         if novelty is not None:
             extra["novelty"] = novelty
+    return finish(model, source, bool(teachers), targets, before, plan, u, notes,
+                  extra.get("adaptive"), extra.get("novelty"), signals, trusted, config,
+                  timings, dev)
+
+
+def finish(model: nn.Module, source, taught: bool, targets: np.ndarray, before: np.ndarray,
+           plan: _Plan, u: float | None, notes: list[str], adaptive, novelty: Novelty | None,
+           signals, trusted, config: RefineConfig, timings: dict[str, float],
+           dev: torch.device, streaming: bool = False) -> RefineResult:
+    """The result both refine paths return: the labels (the neighbour vote, the model's
+    softmax, or θ_{t+1}'s without teachers) and ``info`` with the adaptive method's account,
+    the vote-or-adapt choice, the vote, the calibration (timed) and the party reliability."""
     t0 = time.perf_counter()
-    probs, vote = (before, None) if not teachers else \
+    probs, vote = (before, None) if not taught else \
         final_probs(model, source, config.vote_k, config.inference_batch, dev, config.stack)
     timings["predict"] = time.perf_counter() - t0
     info = {"method": config.method, "variant": config.variant, "u_t": u,
             "teachers": len(plan.locals_), "heterogeneous": plan.heterogeneous,
-            "notes": notes, "config": asdict(config)}
-    return finish(model, probs, targets, before, info, extra.get("adaptive"),
-                  extra.get("novelty"), signals, trusted, config, timings, vote)
-
-
-def finish(model: nn.Module, probs: np.ndarray, targets: np.ndarray, before: np.ndarray,
-           info: dict[str, Any], adaptive, novelty: Novelty | None, signals, trusted,
-           config: RefineConfig, timings: dict[str, float], vote: NeighbourVote | None = None
-           ) -> RefineResult:
-    """The result both refine paths return: ``info`` with the adaptive method's account,
-    the vote-or-adapt choice, the neighbour vote, the calibration (timed) and the party
-    reliability."""
+            "notes": notes, "config": asdict(config)} | ({"streaming": True} if streaming else {})
     if vote is not None:
         info["neighbour_vote"] = vote.info()
     if adaptive is not None:

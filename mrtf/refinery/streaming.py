@@ -36,7 +36,6 @@ bits (the adaptive EM's sums), never the paper methods' targets.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -47,7 +46,6 @@ from mrtf.device import pick_device
 from mrtf.errors import InputError
 from mrtf.refinery.cluster import prototype_targets
 from mrtf.refinery.config import METHOD_SPECS, RefineConfig
-from mrtf.refinery.neighbour_vote import final_probs
 from mrtf.refinery.spill import Scratch, SpillArray, TeacherMajor
 from mrtf.refinery.streaming_adaptive import SourceStats, adaptive_targets_blocks
 from mrtf.refinery.teachers import TeacherChunks, _softmax_np, predict_probs
@@ -170,15 +168,9 @@ def refine_streaming(received, source, config: RefineConfig,
         t0 = time.perf_counter()  # SHOT's features, when it adapts, go to a scratch file
         model = pl._fit(student_model, source, targets, config, dev, novelty, streaming=True)
         timings["distill"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    probs, vote = (before, None) if not teachers else \
-        final_probs(model, source, config.vote_k, config.inference_batch, dev, config.stack)
-    timings["predict"] = time.perf_counter() - t0
-    info = {"method": config.method, "variant": config.variant, "u_t": u,
-            "teachers": len(plan.locals_), "heterogeneous": plan.heterogeneous,
-            "notes": notes, "config": asdict(config), "streaming": True}
-    return pl.finish(model, probs, targets, before, info, extra.get("adaptive"), novelty,
-                     local, trusted, config, timings, vote)
+    return pl.finish(model, source, bool(teachers), targets, before, plan, u, notes,
+                     extra.get("adaptive"), novelty, local, trusted, config, timings, dev,
+                     streaming=True)
 
 
 def _local_signals(sink: _Pass, k: int, before: np.ndarray):
