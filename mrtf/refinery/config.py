@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from mrtf.averaging import parse_aggregate
 from mrtf.errors import InputError
+from mrtf.refinery.augment import DEFAULT_JITTER, Jitter
 from mrtf.refinery.neighbour_vote import NEIGHBOURS, check_neighbours
 from mrtf.refinery.prior_choice import CLASS_PRIORS
 from mrtf.refinery.teachers import STACK_MODES
@@ -15,19 +16,23 @@ from mrtf.refinery.teachers import STACK_MODES
 class MethodSpec:
     """What a method needs. teachers: 'none' (θ_{t+1} as it is), 'locals' (S_t) or 'all'
     (S_t, θ_t and θ_{t+1}); features: θ_{t+1}'s features are kept (CLR / cluster view);
-    vote: the labels are the refined model's neighbour vote (neighbour_vote.py)."""
+    vote: the labels are the refined model's neighbour vote (neighbour_vote.py); augment: the
+    student's inputs are jittered while it distils (augment.py)."""
 
     teachers: str
     features: bool
     summary: str
     vote: bool = False
+    augment: bool = False
 
 
 #: one row per method; the paper's ablation (Fig. 11) plus the adaptive default
 METHOD_SPECS: dict[str, MethodSpec] = {
     "adaptive": MethodSpec("all", True, "consensus of every source with measured trust "
                                         "(adaptive.py) and a neighbour vote "
-                                        "(neighbour_vote.py); the default", vote=True),
+                                        "(neighbour_vote.py), distilled with input "
+                                        "jitter (augment.py); the default", vote=True,
+                             augment=True),
     "fedavg": MethodSpec("none", False, "θ_{t+1}, the parameter average, no refinement"),
     "feddf": MethodSpec("locals", False, "AvgLogit targets (Eq. 3)"),
     "st": MethodSpec("locals", False, "stabilized AvgProb targets (Eq. 6-7)"),
@@ -77,6 +82,9 @@ class RefineConfig:
         refined model's softmax summed over the sample and its k nearest target samples in
         the model's feature space (neighbour_vote.py; +0.9 / +1.0 points on the grid / fresh
         sets at k = 3); 0 = the model's own argmax.
+    augment : (adaptive only) jitter the student's image inputs while it distils: shifts up
+        to 2/28 of the side and rotations up to 10° (augment.py; +1.1 / +0.7 points on the grid
+        / fresh sets). False = distil the clean images only.
     """
 
     method: str = "adaptive"
@@ -98,11 +106,17 @@ class RefineConfig:
     stream: str = "auto"
     scratch_dir: str | None = None
     neighbour_vote: int = NEIGHBOURS
+    augment: bool = True
 
     @property
     def vote_k(self) -> int:
         """Neighbours of the labels' vote: ``neighbour_vote`` for a method that votes, else 0."""
         return self.neighbour_vote if METHOD_SPECS[self.method].vote else 0
+
+    @property
+    def jitter(self) -> Jitter | None:
+        """The student's input jitter: the default for a method that jitters, else None."""
+        return DEFAULT_JITTER if self.augment and METHOD_SPECS[self.method].augment else None
 
     def validate(self) -> None:
         def bad(cond: bool, msg: str) -> None:

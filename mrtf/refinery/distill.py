@@ -19,8 +19,11 @@ from torch import nn
 from mrtf.device import pick_device
 from mrtf.errors import FusionError
 from mrtf.models import has_batchnorm
+from mrtf.refinery.augment import Jitter, applies, jitter
 
 VARIANTS = ("paper", "reference")
+#: offset of the jitter's random stream from the distillation seed
+JITTER_STREAM = 7919
 
 
 @dataclass(frozen=True)
@@ -76,13 +79,15 @@ def gather_rows(source, rows: np.ndarray, chunk: int = 8192) -> np.ndarray:
 def distill(student: nn.Module, source, targets: np.ndarray, steps: int = 500,
             batch_size: int = 64, lr: float | None = None, seed: int = 0,
             device: torch.device | str | None = None, variant: str = "paper",
-            progress: bool = False) -> nn.Module:
+            progress: bool = False, augment: Jitter | None = None) -> nn.Module:
     """Eq. 1-2: ``steps`` optimiser steps on random minibatches of the target set.
 
     student : module refined in place (moved to ``device``); returned in eval mode.
     source : H5Dataset / ArraySource (M rows); the rows the steps use are read in one
         streaming pass (:func:`gather_rows`). targets (M, C) float32.
     lr : None → the variant's default (paper 3e-4, reference 1e-3).
+    augment : jitter the student's image inputs every step (augment.py; the targets stay those
+        of the clean images); None or non-image samples: none.
     Deterministic given ``seed``. Raises FusionError when the loss is NaN or infinite.
     """
     dev = pick_device(device)
@@ -97,11 +102,17 @@ def distill(student: nn.Module, source, targets: np.ndarray, steps: int = 500,
     batches = list(_batches(len(source), steps, batch_size, gen))
     rows = np.unique(np.concatenate(batches)) if batches else np.empty(0, np.int64)
     data = gather_rows(source, rows)
+    if augment is not None and not applies(tuple(source.sample_shape)):
+        augment = None
+    # its own stream, so the batches and dropout masks are those of an unjittered run
+    moves = torch.Generator().manual_seed(seed + JITTER_STREAM)
     bar = _bar(steps, progress)
     for step, idx in enumerate(batches):
         if len(idx) < 2 and has_batchnorm(student):
             continue  # BatchNorm cannot train on a single sample
         x = torch.from_numpy(data[np.searchsorted(rows, idx)]).to(dev)
+        if augment is not None:
+            x = jitter(x, moves, augment)
         loss = soft_cross_entropy(student(x), tgt[idx].to(dev))
         value = float(loss.detach())
         if not math.isfinite(value):

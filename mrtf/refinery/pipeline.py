@@ -365,7 +365,7 @@ def _fit(student: nn.Module, source, targets: np.ndarray, config: RefineConfig,
                                                         batch_size=config.batch_size),
                           config.seed, dev, config.progress, streaming, config.scratch_dir)
     return distill(student, source, targets, config.steps, config.batch_size, config.lr,
-                   config.seed, dev, config.variant, config.progress)
+                   config.seed, dev, config.variant, config.progress, config.jitter)
 
 
 def _live_start(plan: _Plan, before: np.ndarray, config: RefineConfig, notes: list[str],
