@@ -75,7 +75,7 @@ from mrtf.trust.selective import check_selection, select
                    "the benchmarks, see README). 0: the model's own prediction.")
 @click.option("--augment/--no-augment", default=True, show_default=True,
               help="adaptive: jitter the refined model's inputs while it learns (small "
-                   "shifts and rotations; +0.7 to +1.1 points on the benchmarks, see README). "
+                   "shifts and rotations; +0.5 to +0.9 points on the benchmarks, see README). "
                    "Images only.")
 @click.option("--aggregate", default="mean", show_default=True,
               help="The parameter average θ_{t+1}: mean (weighted by n_samples), median "

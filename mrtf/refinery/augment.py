@@ -10,9 +10,10 @@ et al. 2020), applied to distillation, not to the teachers: the targets are comp
 the clean images.
 
 Measured on the label-quality grid and the 27 fresh sets (bench/label_quality.py; README,
-"Input jitter"): shifts up to 2/28 of the side and rotations up to 10° gave +1.1 / +0.7
-points (grid / fresh), better in 33 of the 40 sets it changed. Larger moves and a zoom
-gained the same within 0.3 points; jittering SHOT's inputs too (the adapt branch) did not help.
+"Input jitter while distilling"): shifts up to 2/28 of the side and rotations up to 10° gave
++0.9 / +0.5 points (grid / fresh), better in 34 of the 38 sets it changed. In the scratch
+study before it, larger moves and a zoom gained the same within 0.3 points; jittering SHOT's
+inputs too (the adapt branch) did not help.
 The paper's methods do not jitter (they reproduce the paper).
 """
 

@@ -83,7 +83,7 @@ class RefineConfig:
         the model's feature space (neighbour_vote.py; +0.9 / +1.0 points on the grid / fresh
         sets at k = 3); 0 = the model's own argmax.
     augment : (adaptive only) jitter the student's image inputs while it distils: shifts up
-        to 2/28 of the side and rotations up to 10° (augment.py; +1.1 / +0.7 points on the grid
+        to 2/28 of the side and rotations up to 10° (augment.py; +0.9 / +0.5 points on the grid
         / fresh sets). False = distil the clean images only.
     """
 

@@ -344,9 +344,8 @@ def finish(model: nn.Module, source, taught: bool, targets: np.ndarray, before: 
 
 def _novelty(plan: _Plan, logits: np.ndarray, used, config: RefineConfig,
              student_given: bool) -> Novelty | None:
-    """The adaptive method's choice between distilling the vote and adapting θ_{t+1}
-    (novelty.py); None for the other methods, and when there is no θ_{t+1} to adapt (parties
-    of different architectures, or a student the caller gave)."""
+    """The adaptive method's vote-or-adapt choice (novelty.py); None for the other methods
+    and without a θ_{t+1} to adapt (parties of different architectures, a given student)."""
     if config.method != "adaptive" or plan.agg is None or student_given:
         return None
     return target_novelty(logits, [m.meta.train_loss for m in used],
