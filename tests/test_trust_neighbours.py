@@ -63,5 +63,7 @@ def test_calibrator_trusts_labels_that_follow_the_clusters_more():
     # the same labels, probabilities and parties; only the neighbourhoods now disagree
     s.neighbours = (s.neighbours + 1) % 120  # row j+1 is in the cluster after j's
     crosses = calibrate(probs, s)
-    assert crosses.estimated_accuracy < follows.estimated_accuracy - 0.05
+    # the neighbour share's weight (COEF[2], 0.47 since the refit) moves a 0.97 estimate by
+    # ~0.47·p(1−p) ≈ 0.015 when the share drops from ~1 to ~0
+    assert crosses.estimated_accuracy < follows.estimated_accuracy - 0.01
     assert ((crosses.confidence > 0) & (crosses.confidence < 1)).all()
