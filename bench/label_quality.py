@@ -239,7 +239,8 @@ def markdown(summary: dict, methods: list[str], grid: list[str] = GRID,
     lines.append(f"| **{title}** | " + " | ".join(means) + " |")
     for c in extra:  # outside the grid mean
         vals = [f"{summary[c][m]['mean']:.3f}" if m in summary[c] else "–" for m in methods]
-        lines.append(f"| {c} (seeds {', '.join(summary[c][methods[0]]['per_seed'])}) | "
+        seeds = sorted({s for m in summary[c].values() for s in m["per_seed"]})
+        lines.append(f"| {c} (seeds {', '.join(seeds)}) | "
                      + " | ".join(vals) + " |")
     return head + "\n".join(lines) + "\n"
 
