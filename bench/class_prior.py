@@ -1,5 +1,6 @@
 """What each class prior of the adaptive consensus gives on balanced and on skewed targets
-(issue 10: ``--class-prior uniform``; 2026-11-23: ``auto``, the default, prior_choice.py).
+(issue 10: ``--class-prior uniform``; 2026-11-23: ``auto``, the default, prior_choice.py;
+column ``raw``: auto's earlier rule, the higher raw neighbour agreement).
 
 For every received set of the label-quality grid (bench/label_quality.py, same cells and
 seeds, simulated once and cached there), the adaptive consensus' targets (before distillation)
@@ -54,17 +55,21 @@ def teachers(cell: str, seed: int, root: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def score(d: dict[str, np.ndarray], keep: np.ndarray, prior: str) -> tuple[float, str]:
-    """Accuracy of the adaptive targets on the samples ``keep`` (y only scores), and the
-    prior used (auto: the one it chose from the kept samples' own neighbourhoods)."""
+def score(d: dict[str, np.ndarray], keep: np.ndarray, prior: str) -> tuple[float, str, dict]:
+    """Accuracy of the adaptive targets on the samples ``keep`` (y only scores), the prior
+    used (auto: the one it chose from the kept samples' own neighbourhoods) and, for auto,
+    each prior's neighbour agreement (the raw rule, the default until 2026-11-23, kept the
+    higher one)."""
     logits, y, k = d["logits"][:, keep], d["y"][keep], int(d["k"])
     probs = stabilized_probs(logits, 4.0)
     names = [str(i) for i in range(len(probs))]
     neighbours = target_neighbours(ArraySource(d["x"][keep])) if prior == "auto" else None
     out = adaptive_targets(probs, names, _softmax_np(logits[-1]), d["feats"][keep], 0, k,
                            class_prior=prior, neighbours=neighbours)
-    return float((out.targets.argmax(1) == y).mean()), \
-        out.prior.chosen if out.prior is not None else prior
+    acc = float((out.targets.argmax(1) == y).mean())
+    if out.prior is None:
+        return acc, prior, {}
+    return acc, out.prior.chosen, out.prior.agreement
 
 
 def _chose(rows: list[dict]) -> str:
@@ -92,12 +97,14 @@ def main() -> None:
         row = {"cell": cell, "seed": seed, "skewed_n": int(len(skewed))}
         for prior in PRIORS:
             for kind, keep in (("balanced", np.arange(len(d["y"]))), ("skewed", skewed)):
-                row[f"{kind}_{prior}"], used = score(d, keep, prior)
+                row[f"{kind}_{prior}"], used, agree = score(d, keep, prior)
                 if prior == "auto":
                     row[f"{kind}_auto_chose"] = used
+                    raw = "uniform" if agree["uniform"] > agree["learned"] else "learned"
+                    row[f"{kind}_raw"] = row[f"{kind}_{raw}"]
         rows.append(row)
         print(json.dumps(row), flush=True)
-    cols = [f"{t}_{p}" for t in ("balanced", "skewed") for p in PRIORS]
+    cols = [f"{t}_{p}" for t in ("balanced", "skewed") for p in (*PRIORS, "raw")]
     lines = ["| cell | " + " | ".join(cols) + " | auto chose uniform (balanced, skewed) |",
              "|---" * (len(cols) + 2) + "|"]
     for cell in dict.fromkeys(c for c, _ in sets):

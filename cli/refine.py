@@ -67,7 +67,8 @@ from mrtf.trust.selective import check_selection, select
                    "'uniform': every class about equally often (each model's class bias is "
                    "divided out; better labels on balanced data, worse on skewed data); "
                    "'learned': learnt from the votes; 'auto': whichever of the two gives "
-                   "labels that agree more with the data's own nearest neighbours.")
+                   "labels that agree more with the data's own nearest neighbours than "
+                   "their class frequencies alone would give.")
 @click.option("--neighbour-vote", type=int, default=NEIGHBOURS,
               show_default=True,
               help="adaptive: each label is the refined model's vote over the sample and its "

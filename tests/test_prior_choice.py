@@ -5,7 +5,12 @@ import pytest
 
 from mrtf.io import ArraySource
 from mrtf.refinery.adaptive import adaptive_targets
-from mrtf.refinery.prior_choice import PriorChoice, choose_prior, neighbour_agreement
+from mrtf.refinery.prior_choice import (
+    PriorChoice,
+    chance_agreement,
+    choose_prior,
+    neighbour_agreement,
+)
 from mrtf.refinery.teachers import stabilized_probs
 from mrtf.trust.neighbours import target_neighbours
 
@@ -43,6 +48,24 @@ def test_choose_prior_keeps_the_labels_that_follow_the_neighbourhoods():
     assert tie.chosen == "learned"
     assert "class prior: learned" in tie.line() and "uniform 1.000" in tie.line()
 
+
+
+def test_labels_piled_onto_one_class_do_not_win_by_chance():
+    """Three clusters of four. Labels that follow them with one slip each agree with fewer
+    neighbours (0.5) than labels that name one class everywhere (1.0), but the one-class
+    labels agree only as often as chance would (Σh² = 1): the excess over chance keeps the
+    clustered ones."""
+    neighbours = np.array([[j for j in range(4 * (i // 4), 4 * (i // 4) + 4) if j != i]
+                           for i in range(12)])
+    clustered = np.array([0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 0])
+    piled = np.zeros(12, int)
+    assert neighbour_agreement(piled, neighbours) > neighbour_agreement(clustered, neighbours)
+    assert chance_agreement(piled) == 1.0
+    assert chance_agreement(clustered) == pytest.approx(3 * (4 / 12) ** 2)
+    pick = choose_prior(piled, clustered, neighbours)
+    assert pick.chosen == "uniform" and pick.excess["learned"] == 0.0
+    assert choose_prior(clustered, piled, neighbours).chosen == "learned"
+    assert "1.000 by chance" in pick.line()
 
 @pytest.mark.parametrize("skewed", [False, True])
 def test_auto_divides_a_models_bias_out_only_where_the_data_says_so(skewed):

@@ -22,8 +22,8 @@ What it replaces, and why (measured on bench/label_quality.py, see README):
 - The class prior: the consensus either learns the target's class frequencies from the votes
   or first divides each source's class bias out (``debias``, a uniform prior). Which one is
   right depends on the target, not on the models, so by default both consensuses are formed
-  and the one whose labels follow the target's own neighbourhoods better is kept
-  (prior_choice.py, ``class_prior="auto"``).
+  and the one whose labels follow the target's own neighbourhoods better (beyond what
+  their class frequencies give by chance) is kept (prior_choice.py, ``class_prior="auto"``).
 - The vote assumes the sources err independently; when the target is new to all of them
   (novelty.py decides, from their entropy on it against their reported training loss), the
   pipeline adapts θ_{t+1} to the target (SHOT) instead of distilling these targets.
@@ -176,7 +176,8 @@ def adaptive_targets(probs: np.ndarray, names: Sequence[str], self_probs: np.nda
     num_local: how many of the sources (the first) are local models (default: all but the
         last two, θ_t and θ_{t+1}).
     class_prior: "auto" (default): the consensus is formed under both priors below and the
-        one whose labels follow the target's ``neighbours`` better is kept (prior_choice.py;
+        one whose labels follow the target's ``neighbours`` better than chance by more is
+        kept (prior_choice.py;
         without neighbours, "learned"); "learned": the consensus learns the class
         frequencies; "uniform": each source's class bias is divided out first (``debias``),
         for targets known to hold every class about equally often.
@@ -208,7 +209,8 @@ def priors_to_form(class_prior: str, neighbours: np.ndarray | None) -> tuple[str
 
 def keep_one(runs: list[AdaptiveTargets], neighbours: np.ndarray | None) -> AdaptiveTargets:
     """The consensus to keep: the only one, or of [learned, uniform] the one whose labels
-    follow the target's neighbourhoods better (prior_choice.py), with the choice attached."""
+    follow the target's neighbourhoods better than chance by more (prior_choice.py), with
+    the choice attached."""
     if len(runs) == 1:
         return runs[0]
     assert neighbours is not None

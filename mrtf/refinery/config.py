@@ -63,8 +63,9 @@ class RefineConfig:
         the first 5 rounds, when θ_{t+1}'s features are not yet discriminative (Sect. 4.3);
         0 = always apply. Models without a round always get CLR.
     class_prior : (adaptive only) 'auto' (default: the consensus is formed under both priors
-        below and the one whose labels follow the target's own neighbourhoods better is kept,
-        prior_choice.py), 'learned' (the consensus learns the target's class frequencies) or
+        below and the one whose labels follow the target's own neighbourhoods better than
+        chance by more is kept, prior_choice.py), 'learned' (the consensus learns the
+        target's class frequencies) or
         'uniform' (each source's class bias is divided out first: better labels on balanced
         targets, worse on skewed ones; adaptive.debias has the numbers).
     trust : measure every party on the target set (mrtf.trust.reliability) and leave the
