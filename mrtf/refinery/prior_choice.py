@@ -20,8 +20,8 @@ against 0.790 uniform, accuracy 0.138 against 0.212; digits → mnist5k seed 1, 
 against 0.606, accuracy 0.004 against 0.254). The excess over chance
 (agreement − Σh²) does not reward the pile. Kappa, (a − Σh²) / (1 − Σh²), rewards it again
 through the denominator: consensus targets balanced / skewed 0.621 / 0.646 on the second
-replicate's grid against the excess' 0.629 / 0.648, and 0.506 / 0.514 on the fresh sets against 0.502 /
-0.514 (a draw out of sample; the simpler rule is kept).
+replicate's grid against the excess' 0.629 / 0.648, and 0.506 / 0.514 on the fresh sets
+against 0.502 / 0.514 (a draw out of sample; the simpler rule is kept).
 
 Measured (y only scores; seeds 0-2 of every cell; bench/results/class_prior*.md for the
 first replicate, bench/results/replicate-epyc/ for the second). The first replicate's
