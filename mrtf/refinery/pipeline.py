@@ -259,29 +259,9 @@ def refine(received, source, config: RefineConfig | None = None,
     u = u_t([m.meta.train_loss for m in used], received.num_classes)
     notes, skip_clr = _notes(received, plan, config)
     self_model = plan.agg if plan.agg is not None else plan.student
-    teachers = [] if spec.teachers == "none" else list(plan.locals_)
-    if spec.teachers == "all":
-        teachers += ([plan.start] if plan.start is not None else []) + [self_model]
-    out = None
-    if teachers:
-        feats_of = self_model if spec.features and not skip_clr else None
-        # the local models ran already (unless the checks read a sample of a large target)
-        done = 0 if trusted is None or trusted.logits is None else len(plan.locals_)
-        out = teacher_logits(teachers[done:], source, config.inference_batch, dev, feats_of,
-                             config.stack, progress=config.progress) \
-            if len(teachers) > done else None
-        if done:
-            assert trusted is not None and trusted.logits is not None
-            local = trusted.logits
-            out = TeacherOutputs(local, None, 0, 0, 0) if out is None else \
-                TeacherOutputs(np.concatenate([local, out.logits]), out.features,
-                               out.stacked_groups, out.looped_groups, out.fast_groups)
-    if out is not None:
-        check_finite(out.logits)
-    if out is not None and teachers[-1] is self_model:
-        before = _softmax_np(out.logits[-1])
-    else:
-        before = predict_probs(self_model, source, config.inference_batch, dev)
+    teachers, out, before = _teacher_outputs(plan, spec.teachers, self_model, trusted,
+                                             spec.features and not skip_clr, source, config,
+                                             dev)
     timings["teachers"] = time.perf_counter() - t0
     student_model = _live_start(plan, before, config, notes, student is not None)
     extra: dict[str, Any] = {}
@@ -310,6 +290,33 @@ def refine(received, source, config: RefineConfig | None = None,
     return finish(model, source, bool(teachers), targets, before, plan, u, notes,
                   extra.get("adaptive"), extra.get("novelty"), signals, trusted, config,
                   timings, dev)
+
+
+def _teacher_outputs(plan: _Plan, which: str, self_model: nn.Module, trusted, features: bool,
+                     source, config: RefineConfig, dev: torch.device
+                     ) -> tuple[list[nn.Module], TeacherOutputs | None, np.ndarray]:
+    """The method's teachers (``which``: none, the locals, or all: then θ_t and θ_{t+1} too),
+    their logits on the target (the locals' reused when the trust checks ran them already)
+    and θ_{t+1}'s softmax, ``before`` (read off the teachers' logits when it is one)."""
+    teachers = [] if which == "none" else list(plan.locals_)
+    if which == "all":
+        teachers += ([plan.start] if plan.start is not None else []) + [self_model]
+    out = None
+    if teachers:
+        # the local models ran already (unless the checks read a sample of a large target)
+        done = 0 if trusted is None or trusted.logits is None else len(plan.locals_)
+        out = teacher_logits(teachers[done:], source, config.inference_batch, dev,
+                             self_model if features else None, config.stack,
+                             progress=config.progress) if len(teachers) > done else None
+        if done:
+            local = trusted.logits
+            out = TeacherOutputs(local, None, 0, 0, 0) if out is None else \
+                TeacherOutputs(np.concatenate([local, out.logits]), out.features,
+                               out.stacked_groups, out.looped_groups, out.fast_groups)
+        check_finite(out.logits)
+    if out is not None and teachers[-1] is self_model:
+        return teachers, out, _softmax_np(out.logits[-1])
+    return teachers, out, predict_probs(self_model, source, config.inference_batch, dev)
 
 
 def finish(model: nn.Module, source, taught: bool, targets: np.ndarray, before: np.ndarray,
