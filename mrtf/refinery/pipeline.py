@@ -43,13 +43,7 @@ from mrtf.refinery.teachers import (
     stabilized_probs,
     teacher_logits,
 )
-from mrtf.refinery.trusted import (
-    adaptive_info,
-    apply_trust,
-    calibrated,
-    signals_of,
-    trust_on,
-)
+from mrtf.refinery.trusted import adaptive_info, apply_trust, calibrated, signals_of, trust_on
 from mrtf.trust.neighbours import target_neighbours
 
 __all__ = ["METHODS", "METHOD_SPECS", "VARIANTS", "RefineConfig", "RefineResult", "refine"]
@@ -301,23 +295,21 @@ def _teacher_outputs(plan: _Plan, which: str, self_model: nn.Module, trusted, fe
     teachers = [] if which == "none" else list(plan.locals_)
     if which == "all":
         teachers += ([plan.start] if plan.start is not None else []) + [self_model]
-    out = None
-    if teachers:
-        # the local models ran already (unless the checks read a sample of a large target)
-        done = 0 if trusted is None or trusted.logits is None else len(plan.locals_)
-        out = teacher_logits(teachers[done:], source, config.inference_batch, dev,
-                             self_model if features else None, config.stack,
-                             progress=config.progress) if len(teachers) > done else None
-        if done:
-            local = trusted.logits
-            out = TeacherOutputs(local, None, 0, 0, 0) if out is None else \
-                TeacherOutputs(np.concatenate([local, out.logits]), out.features,
-                               out.stacked_groups, out.looped_groups, out.fast_groups)
-        check_finite(out.logits)
-    if out is not None and teachers[-1] is self_model:
+    if not teachers:
+        return teachers, None, predict_probs(self_model, source, config.inference_batch, dev)
+    # the local models ran already (unless the checks read a sample of a large target)
+    done = 0 if trusted is None or trusted.logits is None else len(plan.locals_)
+    out = teacher_logits(teachers[done:], source, config.inference_batch, dev,
+                         self_model if features else None, config.stack,
+                         progress=config.progress) if len(teachers) > done else None
+    if done:
+        out = TeacherOutputs(trusted.logits, None, 0, 0, 0) if out is None else \
+            TeacherOutputs(np.concatenate([trusted.logits, out.logits]), out.features,
+                           out.stacked_groups, out.looped_groups, out.fast_groups)
+    check_finite(out.logits)
+    if teachers[-1] is self_model:
         return teachers, out, _softmax_np(out.logits[-1])
     return teachers, out, predict_probs(self_model, source, config.inference_batch, dev)
-
 
 def finish(model: nn.Module, source, taught: bool, targets: np.ndarray, before: np.ndarray,
            plan: _Plan, u: float | None, notes: list[str], adaptive, novelty: Novelty | None,
