@@ -34,6 +34,43 @@ def score(labels: Path, truth: Path, out: Out, plot: Path | None = None,
 
 def _score(labels: Path, truth: Path, out: Out, plot: Path | None, outs: Outputs) -> None:
     predicted = read_labels(labels)
+    y = _truth(labels, truth, predicted)
+    c = predicted.probs.shape[1]
+    abst = predicted.abstained if predicted.abstained is not None else \
+        np.zeros(len(y), dtype=bool)
+    full = predicted.probs.argmax(1)  # every sample's label, abstained ones included
+    if abst.all():
+        raise InputError(f"{labels}: every sample is abstained (label -1); nothing to score")
+    result = score_labels(predicted.labels[~abst], y[~abst], c)
+    if abst.any():
+        result["coverage"] = float((~abst).mean())
+        result["accuracy_all"] = float((full == y).mean())
+        out.say(f"accuracy {result['accuracy']:.4f} on the {result['n']} labeled samples "
+                f"(coverage {result['coverage']:.3f}; {int(abst.sum())} abstained); "
+                f"{result['accuracy_all']:.4f} on all {len(y)} with the abstained ones' "
+                "argmax")
+    else:
+        out.say(f"accuracy {result['accuracy']:.4f} on {result['n']} samples")
+    correct = full == y
+    _calibration(result, predicted.confidence, correct, predicted.calibration or {}, out)
+    out.say(table([[i, result["per_class"][i], result["support"][i]] for i in range(c)],
+                  ["class", "accuracy", "support"]))
+    out.say("confusion (rows: true, columns: predicted)")
+    out.say(table([[i, *row] for i, row in enumerate(result["confusion"])],
+                  ["", *map(str, range(c))]))
+    if plot is not None:
+        from mrtf.trust.plots import plot_trust
+
+        with outs.writing(plot) as tmp:
+            plot_trust(tmp, predicted.confidence, correct, f"{labels.name}: accuracy "
+                       f"{float(correct.mean()):.3f}", atomic=False)
+        outs.commit()
+        out.say(f"wrote the reliability diagram and risk-coverage curve to {plot}")
+    out.summary({"command": "score", **result, "plot": str(plot) if plot else None})
+
+
+def _truth(labels: Path, truth: Path, predicted) -> np.ndarray:
+    """``truth``'s y, checked against the labels file: row count, ids and class range."""
     with H5Dataset(truth) as ds:
         if not ds.has_labels:
             raise InputError(f"{truth}: has no 'y' to score against")
@@ -50,26 +87,15 @@ def _score(labels: Path, truth: Path, out: Out, plot: Path | None, outs: Outputs
     if int(y.min()) < 0 or int(y.max()) >= c:
         raise InputError(f"{truth}: 'y' holds {int(y.min())}..{int(y.max())}, outside the "
                          f"{c} classes of {labels} (0..{c - 1})")
-    abst = predicted.abstained if predicted.abstained is not None else \
-        np.zeros(len(y), dtype=bool)
-    full = predicted.probs.argmax(1)  # every sample's label, abstained ones included
-    if abst.all():
-        raise InputError(f"{labels}: every sample is abstained (label -1); nothing to score")
-    result = score_labels(predicted.labels[~abst], y[~abst], c)
-    if abst.any():
-        result["coverage"] = float((~abst).mean())
-        result["accuracy_all"] = float((full == y).mean())
-        out.say(f"accuracy {result['accuracy']:.4f} on the {result['n']} labeled samples "
-                f"(coverage {result['coverage']:.3f}; {int(abst.sum())} abstained); "
-                f"{result['accuracy_all']:.4f} on all {len(y)} with the abstained ones' "
-                "argmax")
-    else:
-        out.say(f"accuracy {result['accuracy']:.4f} on {result['n']} samples")
-    conf = predicted.confidence
-    correct = full == y
+    return y
+
+
+def _calibration(result: dict, conf: np.ndarray, correct: np.ndarray, cal: dict,
+                 out: Out) -> None:
+    """The confidence column's ECE beside its sampling floor, and the labels file's
+    estimated accuracy against the true one (into ``result`` and printed)."""
     result["ece"] = ece(conf, correct)
     result["ece_sampling_floor"] = ece_floor(conf)
-    cal = predicted.calibration or {}
     est = cal.get("estimated_accuracy")
     if isinstance(est, (int, float)):
         result["estimated_accuracy"] = float(est)
@@ -81,18 +107,4 @@ def _score(labels: Path, truth: Path, out: Out, plot: Path | None, outs: Outputs
     out.say(f"ECE of the confidence column (15 bins): {result['ece']:.4f}"
             + ("" if cal else " (uncalibrated: the max probability)")
             + f"; a perfectly calibrated one would show ~{result['ece_sampling_floor']:.4f} "
-            f"on {len(y):,} samples (sampling alone)")
-    out.say(table([[i, result["per_class"][i], result["support"][i]] for i in range(c)],
-                  ["class", "accuracy", "support"]))
-    out.say("confusion (rows: true, columns: predicted)")
-    out.say(table([[i, *row] for i, row in enumerate(result["confusion"])],
-                  ["", *map(str, range(c))]))
-    if plot is not None:
-        from mrtf.trust.plots import plot_trust
-
-        with outs.writing(plot) as tmp:
-            plot_trust(tmp, conf, correct, f"{labels.name}: accuracy "
-                       f"{float(correct.mean()):.3f}", atomic=False)
-        outs.commit()
-        out.say(f"wrote the reliability diagram and risk-coverage curve to {plot}")
-    out.summary({"command": "score", **result, "plot": str(plot) if plot else None})
+            f"on {len(correct):,} samples (sampling alone)")

@@ -25,6 +25,14 @@ class MethodSpec:
     vote: bool = False
     augment: bool = False
 
+    def teacher_list(self, locals_: list, start, self_model) -> list:
+        """The models that teach: none, the local models, or all (then θ_t when received
+        and θ_{t+1} follow them, θ_{t+1} last)."""
+        if self.teachers == "none":
+            return []
+        extra = ([start] if start is not None else []) + [self_model]
+        return list(locals_) + (extra if self.teachers == "all" else [])
+
 
 #: one row per method; the paper's ablation (Fig. 11) plus the adaptive default
 METHOD_SPECS: dict[str, MethodSpec] = {

@@ -253,9 +253,9 @@ def refine(received, source, config: RefineConfig | None = None,
     u = u_t([m.meta.train_loss for m in used], received.num_classes)
     notes, skip_clr = _notes(received, plan, config)
     self_model = plan.agg if plan.agg is not None else plan.student
-    teachers, out, before = _teacher_outputs(plan, spec.teachers, self_model, trusted,
-                                             spec.features and not skip_clr, source, config,
-                                             dev)
+    teachers = spec.teacher_list(plan.locals_, plan.start, self_model)
+    out, before = _teacher_outputs(teachers, plan, self_model, trusted,
+                                   spec.features and not skip_clr, source, config, dev)
     timings["teachers"] = time.perf_counter() - t0
     student_model = _live_start(plan, before, config, notes, student is not None)
     extra: dict[str, Any] = {}
@@ -286,17 +286,13 @@ def refine(received, source, config: RefineConfig | None = None,
                   timings, dev)
 
 
-def _teacher_outputs(plan: _Plan, which: str, self_model: nn.Module, trusted, features: bool,
-                     source, config: RefineConfig, dev: torch.device
-                     ) -> tuple[list[nn.Module], TeacherOutputs | None, np.ndarray]:
-    """The method's teachers (``which``: none, the locals, or all: then θ_t and θ_{t+1} too),
-    their logits on the target (the locals' reused when the trust checks ran them already)
-    and θ_{t+1}'s softmax, ``before`` (read off the teachers' logits when it is one)."""
-    teachers = [] if which == "none" else list(plan.locals_)
-    if which == "all":
-        teachers += ([plan.start] if plan.start is not None else []) + [self_model]
+def _teacher_outputs(teachers: list[nn.Module], plan: _Plan, self_model: nn.Module, trusted,
+                     features: bool, source, config: RefineConfig, dev: torch.device
+                     ) -> tuple[TeacherOutputs | None, np.ndarray]:
+    """The teachers' logits on the target (the locals' reused when the trust checks ran them
+    already) and θ_{t+1}'s softmax, ``before`` (read off the logits when it is the last)."""
     if not teachers:
-        return teachers, None, predict_probs(self_model, source, config.inference_batch, dev)
+        return None, predict_probs(self_model, source, config.inference_batch, dev)
     # the local models ran already (unless the checks read a sample of a large target)
     done = 0 if trusted is None or trusted.logits is None else len(plan.locals_)
     out = teacher_logits(teachers[done:], source, config.inference_batch, dev,
@@ -308,8 +304,9 @@ def _teacher_outputs(plan: _Plan, which: str, self_model: nn.Module, trusted, fe
                            out.stacked_groups, out.looped_groups, out.fast_groups)
     check_finite(out.logits)
     if teachers[-1] is self_model:
-        return teachers, out, _softmax_np(out.logits[-1])
-    return teachers, out, predict_probs(self_model, source, config.inference_batch, dev)
+        return out, _softmax_np(out.logits[-1])
+    return out, predict_probs(self_model, source, config.inference_batch, dev)
+
 
 def finish(model: nn.Module, source, taught: bool, targets: np.ndarray, before: np.ndarray,
            plan: _Plan, u: float | None, notes: list[str], adaptive, novelty: Novelty | None,

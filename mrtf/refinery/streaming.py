@@ -124,27 +124,14 @@ def refine_streaming(received, source, config: RefineConfig,
     u = u_t([m.meta.train_loss for m in used], received.num_classes)
     notes, skip_clr = pl._notes(received, plan, config)
     self_model = plan.agg if plan.agg is not None else plan.student
-    teachers = [] if spec.teachers == "none" else list(plan.locals_)
-    if spec.teachers == "all":
-        teachers += ([plan.start] if plan.start is not None else []) + [self_model]
+    teachers = spec.teacher_list(plan.locals_, plan.start, self_model)
     extra: dict[str, Any] = {}
     local = None  # the calibration's evidence (trust.calibration.Signals)
     novelty = None
     with Scratch(config.scratch_dir) as scratch:
         t0 = time.perf_counter()
-        sink = None
-        if teachers:
-            feats_of = self_model if spec.features and not skip_clr else None
-            sink = _Pass(scratch, len(source), len(teachers), teachers[-1] is self_model)
-            for start, lg, h in TeacherChunks(teachers, source, config.inference_batch, dev,
-                                              feats_of, config.stack, config.progress):
-                sink.add(start, lg, h)
-            if sink.bad:
-                raise InputError(f"the received models' outputs are not finite on {sink.bad} "
-                                 f"of {len(source)} target samples (their weights or the data "
-                                 "overflow float32); rescale the data or check the models")
-        before = sink.before if sink is not None and sink.before is not None else \
-            predict_probs(self_model, source, config.inference_batch, dev)
+        sink, before = _data_pass(scratch, teachers, self_model, spec.features and not skip_clr,
+                                  source, config, dev)
         timings["teachers"] = time.perf_counter() - t0 + t_trust
         student_model = pl._live_start(plan, before, config, notes, student is not None)
         if sink is None:  # fedavg: θ_{t+1} as it is
@@ -171,6 +158,27 @@ def refine_streaming(received, source, config: RefineConfig,
     return pl.finish(model, source, bool(teachers), targets, before, plan, u, notes,
                      extra.get("adaptive"), novelty, local, trusted, config, timings, dev,
                      streaming=True)
+
+
+def _data_pass(scratch: Scratch, teachers: list[nn.Module], self_model: nn.Module,
+               features: bool, source, config: RefineConfig, dev: torch.device
+               ) -> tuple[_Pass | None, np.ndarray]:
+    """Step 1: the teachers' logits (and θ_{t+1}'s features when ``features``) to the spill,
+    and θ_{t+1}'s softmax, ``before`` (read off the logits when it is the last teacher)."""
+    sink = None
+    if teachers:
+        sink = _Pass(scratch, len(source), len(teachers), teachers[-1] is self_model)
+        for start, lg, h in TeacherChunks(teachers, source, config.inference_batch, dev,
+                                          self_model if features else None, config.stack,
+                                          config.progress):
+            sink.add(start, lg, h)
+        if sink.bad:
+            raise InputError(f"the received models' outputs are not finite on {sink.bad} "
+                             f"of {len(source)} target samples (their weights or the data "
+                             "overflow float32); rescale the data or check the models")
+    if sink is not None and sink.before is not None:
+        return sink, sink.before
+    return sink, predict_probs(self_model, source, config.inference_batch, dev)
 
 
 def _local_signals(sink: _Pass, k: int, before: np.ndarray):
