@@ -29,6 +29,11 @@ from mrtf.refinery.neighbour_vote import final_probs
 SETS = ("runs/label_quality/received", "runs/fresh/received")
 
 
+def all_sets() -> list[Path]:
+    """The cached received sets of the grid and the fresh scenarios (bench/label_quality.py)."""
+    return [d for root in SETS for d in sorted(Path(root).glob("*-s[0-9]"))]
+
+
 def one(where: Path) -> dict:
     """The set's labels after the default (r1) and after each second round."""
     seed = int(where.name.rsplit("-s", 1)[1])
@@ -74,8 +79,7 @@ def main() -> None:
         return report(a.out)
     i, n = map(int, a.shard.split("/"))
     a.out.mkdir(parents=True, exist_ok=True)
-    sets = [d for root in SETS for d in sorted(Path(root).glob("*-s[0-9]"))]
-    for j, where in enumerate(sets):
+    for j, where in enumerate(all_sets()):
         f = a.out / f"{where.parent.parent.name}-{where.name}.json"
         if j % n != i or f.is_file():
             continue

@@ -1,0 +1,80 @@
+"""The default refined with three seeds and its labels averaged, and with 1,000 distillation
+steps instead of 500 (README, "Label quality", tried after the vote; not adopted). Same sets
+as bench/second_round.py; y only scores; one JSON per set under ``--out``::
+
+    OMP_NUM_THREADS=1 python bench/seed_ensemble.py --shard 0/2 &   # ~25 s a set
+    OMP_NUM_THREADS=1 python bench/seed_ensemble.py --shard 1/2
+    python bench/seed_ensemble.py --report
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+from second_round import all_sets  # bench/ is on sys.path when run
+
+from mrtf.io import H5Dataset, load_received
+from mrtf.refinery import RefineConfig, refine
+
+
+def one(where: Path) -> dict:
+    """Accuracy of the default at seeds s, s + 100, s + 200 (``single``), of the summed
+    voted probabilities of the first two and of all three, and of 1,000 steps at seed s."""
+    seed = int(where.name.rsplit("-s", 1)[1])
+    rs = load_received(where / "received")
+    with H5Dataset(where / "target.h5") as src:
+        y = src.labels()
+
+        def acc(p: np.ndarray) -> float:
+            return float((p.argmax(1) == y).mean())
+
+        probs = [refine(rs, src, RefineConfig(seed=seed + 100 * k, progress=False)).probs
+                 for k in range(3)]
+        longer = refine(rs, src, RefineConfig(seed=seed, steps=1000, progress=False)).probs
+    return {"single": [acc(p) for p in probs], "ens2": acc(probs[0] + probs[1]),
+            "ens3": acc(sum(probs)), "steps1000": acc(longer)}
+
+
+def report(out: Path) -> None:
+    rows = {f.stem: json.loads(f.read_text()) for f in sorted(out.glob("*.json"))}
+    for group in ("label_quality", "fresh"):
+        r = [v for k, v in rows.items() if k.startswith(group)]
+        if not r:
+            continue
+        first = np.array([v["single"][0] for v in r])
+        mean1 = np.array([np.mean(v["single"]) for v in r])
+        ens3 = np.array([v["ens3"] for v in r])
+        d = ens3 - mean1
+        print(f"{group} ({len(r)} sets): seed s {first.mean():.4f}, the 3 seeds' mean "
+              f"{mean1.mean():.4f}, 2 averaged {np.mean([v['ens2'] for v in r]):.4f}, "
+              f"3 averaged {ens3.mean():.4f} ({100 * d.mean():+.2f} points on the seeds' "
+              f"mean; better in {(d > 0).sum()}, worse in {(d < 0).sum()}), 1,000 steps "
+              f"{np.mean([v['steps1000'] for v in r]):.4f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("runs/seed_ensemble"))
+    ap.add_argument("--shard", default="0/1", help="i/n: this process takes every n-th set")
+    ap.add_argument("--report", action="store_true")
+    a = ap.parse_args()
+    if a.report:
+        return report(a.out)
+    i, n = map(int, a.shard.split("/"))
+    a.out.mkdir(parents=True, exist_ok=True)
+    for j, where in enumerate(all_sets()):
+        f = a.out / f"{where.parent.parent.name}-{where.name}.json"
+        if j % n != i or f.is_file():
+            continue
+        t0 = time.perf_counter()
+        row = one(where)
+        f.write_text(json.dumps(row))
+        print(f"{f.stem} {row} ({time.perf_counter() - t0:.0f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
