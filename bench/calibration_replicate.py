@@ -1,14 +1,21 @@
-"""The calibrator refitted with every weight >= 0 against the free fit (docs/results.md, "On
-the second replicate"): every signal of mrtf.trust.calibration.FEATURES should raise P(label
-right), yet the free fit gives the parties' pairwise agreement a negative weight.
+"""Two changes to the calibrator tried on the second replicate's grid (docs/results.md, "On
+the second replicate"), neither adopted:
+
+- the constants refitted with every weight >= 0 against the free fit: every signal of
+  mrtf.trust.calibration.FEATURES should raise P(label right), yet the free fit gives the
+  parties' pairwise agreement a negative weight;
+- the labels' own max probability (the neighbour vote's) as the confidence, alone or blended,
+  where the calibrated estimate is high (``--high-band``).
 
     cd bench
-    python calibration_signs.py --grid ../runs/label_quality/received --dumps ../runs/calib-r2 \
-        --fresh-grid ../runs/fresh/received --fresh ../runs/fresh/calib-r2
+    python calibration_replicate.py --grid ../runs/label_quality/received \
+        --dumps ../runs/calib-r2 --fresh-grid ../runs/fresh/received \
+        --fresh ../runs/fresh/calib-r2 [--high-band]
 
 Needs ``calibration.py --dump`` of both sets (y only scores). Prints the shipped constants'
 error, then per fit (free, signs >= 0): its weights, the grid's leave-one-scenario-out error,
-the grid fit scored on the fresh cells, and grid + fresh as one grid left out by scenario.
+the grid fit scored on the fresh cells, and grid + fresh as one grid left out by scenario;
+with ``--high-band``, the ECE and the estimate per band threshold and blend weight.
 """
 
 from __future__ import annotations
@@ -20,7 +27,8 @@ import numpy as np
 from calibration import load, scenario
 from scipy.optimize import minimize
 
-from mrtf.trust.calibration import COEF
+from mrtf.trust.calibration import COEF, calibrate
+from mrtf.trust.metrics import ece
 
 
 def fit(cells: dict[str, dict], c: float = 0.05, lower: float | None = None) -> np.ndarray:
@@ -65,15 +73,35 @@ def summary(e: np.ndarray) -> str:
             f"within ±3 {(np.abs(e) <= 3).sum()}/{len(e)}")
 
 
+def high_band(cells: dict[str, dict], name: str) -> None:
+    """The confidence (1 − w)·calibrated + w·max-prob in the cells whose calibrated estimate
+    is ≥ ``lo`` (the calibrated one elsewhere): ECE and estimate per (w, lo)."""
+    pre = [(calibrate(v["probs"], v["signals"]).confidence, v["probs"].max(1), v["ok"])
+           for v in cells.values()]
+    for w in (0.25, 0.5, 0.75, 1.0):
+        for lo in (0.0, 0.8, 0.85, 0.9):
+            conf = [(1 - w) * cal + w * mp if cal.mean() >= lo else cal for cal, mp, _ in pre]
+            e = np.array([ece(c, ok) for c, (_, _, ok) in zip(conf, pre)])
+            err = np.array([100 * (c.mean() - ok.mean()) for c, (_, _, ok) in zip(conf, pre)])
+            print(f"{name}: max-prob weight {w:.2f} from estimate {lo:.2f}: ECE mean "
+                  f"{e.mean():.3f}, ≤ 0.03 in {(e <= 0.03).sum()}/{len(e)}; {summary(err)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--grid", required=True, help="the grid's received/ cells")
     ap.add_argument("--dumps", required=True, help="calibration.py --dump of the grid")
     ap.add_argument("--fresh-grid", required=True, help="the fresh received/ cells")
     ap.add_argument("--fresh", required=True, help="calibration.py --dump of the fresh cells")
+    ap.add_argument("--high-band", action="store_true",
+                    help="the max-probability confidence where the estimate is high instead")
     a = ap.parse_args()
     grid = load(Path(a.dumps), a.grid)
     fresh = load(Path(a.fresh), a.fresh_grid)
+    if a.high_band:
+        high_band(grid, "grid")
+        high_band(fresh, "fresh")
+        return
     shipped = np.asarray(COEF)
     print(f"shipped: grid {summary(errors(grid, shipped))}; "
           f"fresh {summary(errors(fresh, shipped))}")
