@@ -16,6 +16,7 @@ import argparse
 import copy
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -69,9 +70,12 @@ def report(out: Path) -> None:
                   f"{(d < 0).sum()}, {100 * d.min():+.1f} to {100 * d.max():+.1f})")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=Path("runs/second_round"))
+def run(doc: str, default_out: str, one: Callable[[Path], dict],
+        report: Callable[[Path], None]) -> None:
+    """The command line both studies share: ``one(set)`` per set, a JSON each under --out
+    (a stopped run loses nothing), --shard i/n, --report."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path(default_out))
     ap.add_argument("--shard", default="0/1", help="i/n: this process takes every n-th set")
     ap.add_argument("--report", action="store_true")
     a = ap.parse_args()
@@ -90,4 +94,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(__doc__, "runs/second_round", one, report)

@@ -9,13 +9,11 @@ as bench/second_round.py; y only scores; one JSON per set under ``--out``::
 
 from __future__ import annotations
 
-import argparse
 import json
-import time
 from pathlib import Path
 
 import numpy as np
-from second_round import all_sets  # bench/ is on sys.path when run
+from second_round import run  # bench/ is on sys.path when run
 
 from mrtf.io import H5Dataset, load_received
 from mrtf.refinery import RefineConfig, refine
@@ -56,25 +54,5 @@ def report(out: Path) -> None:
               f"{np.mean([v['steps1000'] for v in r]):.4f}")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=Path("runs/seed_ensemble"))
-    ap.add_argument("--shard", default="0/1", help="i/n: this process takes every n-th set")
-    ap.add_argument("--report", action="store_true")
-    a = ap.parse_args()
-    if a.report:
-        return report(a.out)
-    i, n = map(int, a.shard.split("/"))
-    a.out.mkdir(parents=True, exist_ok=True)
-    for j, where in enumerate(all_sets()):
-        f = a.out / f"{where.parent.parent.name}-{where.name}.json"
-        if j % n != i or f.is_file():
-            continue
-        t0 = time.perf_counter()
-        row = one(where)
-        f.write_text(json.dumps(row))
-        print(f"{f.stem} {row} ({time.perf_counter() - t0:.0f} s)", flush=True)
-
-
 if __name__ == "__main__":
-    main()
+    run(__doc__, "runs/seed_ensemble", one, report)
