@@ -16,7 +16,7 @@ import argparse
 import copy
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -56,12 +56,17 @@ def one(where: Path) -> dict:
     return row
 
 
-def report(out: Path) -> None:
+def groups(out: Path) -> Iterator[tuple[str, list[dict]]]:
+    """The rows under ``out``, the grid's and the fresh sets' apart (those with any)."""
     rows = {f.stem: json.loads(f.read_text()) for f in sorted(out.glob("*.json"))}
     for group in ("label_quality", "fresh"):
         r = [v for k, v in rows.items() if k.startswith(group)]
-        if not r:
-            continue
+        if r:
+            yield group, r
+
+
+def report(out: Path) -> None:
+    for group, r in groups(out):
         a = np.array([[v["r1"], v["cont"], v["restart"]] for v in r])
         for j, name in ((1, "cont"), (2, "restart")):
             d = a[:, j] - a[:, 0]

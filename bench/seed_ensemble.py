@@ -9,11 +9,10 @@ as bench/second_round.py; y only scores; one JSON per set under ``--out``::
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
-from second_round import run  # bench/ is on sys.path when run
+from second_round import groups, run  # bench/ is on sys.path when run
 
 from mrtf.io import H5Dataset, load_received
 from mrtf.refinery import RefineConfig, refine
@@ -38,11 +37,7 @@ def one(where: Path) -> dict:
 
 
 def report(out: Path) -> None:
-    rows = {f.stem: json.loads(f.read_text()) for f in sorted(out.glob("*.json"))}
-    for group in ("label_quality", "fresh"):
-        r = [v for k, v in rows.items() if k.startswith(group)]
-        if not r:
-            continue
+    for group, r in groups(out):
         first = np.array([v["single"][0] for v in r])
         mean1 = np.array([np.mean(v["single"]) for v in r])
         ens3 = np.array([v["ens3"] for v in r])
