@@ -69,7 +69,7 @@ def instrument(path: Path) -> None:
             f.write(json.dumps(row) + "\n")
         return vote  # what the vote branch would send: the run's own labels are the vote's
 
-    pl._novelty, pl._fit = _novelty, _fit
+    pl._novelty, pl.fit_student = _novelty, _fit
 
 
 def report(path: Path, cfg: RunConfig, seed: int) -> None:

@@ -23,6 +23,8 @@ from mrtf.refinery import (
     stabilized_probs,
     teacher_logits,
 )
+from mrtf.refinery.distill import distill
+from mrtf.refinery.neighbour_vote import final_probs
 from mrtf.refinery.pipeline import predict_probs
 from mrtf.refinery.shot import ShotSettings, shot_adapt
 
@@ -154,18 +156,25 @@ def _claiming(received, loss):
 def test_adaptive_adapts_the_average_when_the_target_is_new_to_the_parties(demo):
     """Parties that fit their own data far better than they are sure on the target (here: they
     claim loss 0, their entropy on it is ~0.6 nats) share blind spots: the refined model is
-    θ_{t+1} adapted by SHOT under the same budget and seed, not the vote distilled."""
+    θ_{t+1} adapted by SHOT under the same budget and seed, not the vote distilled, and then
+    distilled to its own neighbour vote with jitter (fit.settle)."""
     x, y = demo["x"], demo["y"]
     new = _claiming(demo["received"], 0.0)
     r = refine(new, ArraySource(x, y), _cfg(trust=False))
     assert r.info["novelty"]["adapt"] and r.info["novelty"]["gap"] > 0.1
-    assert "adapted to it (SHOT)" in r.info["novelty"]["line"]
+    assert "adapted to it (SHOT, then distilled to its own neighbour vote)" in \
+        r.info["novelty"]["line"]
     avg = refine(new, ArraySource(x), _cfg(method="fedavg")).model
     shot = shot_adapt(copy.deepcopy(avg), ArraySource(x), ShotSettings(steps=15, batch_size=32),
                       seed=0)
-    # the refined model is SHOT's (its labels are then its neighbour vote)
-    np.testing.assert_allclose(predict_probs(r.model, ArraySource(x), 256),
-                               predict_probs(shot, ArraySource(x), 256), atol=1e-6)
+    cfg = _cfg(trust=False)
+    voted, _ = final_probs(shot, ArraySource(x), cfg.vote_k, 256)
+    settled = distill(copy.deepcopy(shot), ArraySource(x), voted.astype(np.float32), 15, 32,
+                      None, 1000, "cpu", "paper", False, cfg.jitter)
+    # the refined model is SHOT's, distilled to its own vote (its labels are its vote again)
+    refined = predict_probs(r.model, ArraySource(x), 256)
+    np.testing.assert_allclose(refined, predict_probs(settled, ArraySource(x), 256), atol=1e-6)
+    assert not np.allclose(refined, predict_probs(shot, ArraySource(x), 256), atol=1e-3)
     shuffled = refine(new, ArraySource(x, np.random.default_rng(1).permutation(y)),
                       _cfg(trust=False))
     np.testing.assert_array_equal(r.probs, shuffled.probs)  # y is never read

@@ -26,7 +26,7 @@ from mrtf.errors import InputError, first_line
 from mrtf.refinery.adaptive import adaptive_targets, input_independent
 from mrtf.refinery.cluster import prototype_targets
 from mrtf.refinery.config import METHOD_SPECS, METHODS, REF_STD_BATCH, VARIANTS, RefineConfig
-from mrtf.refinery.distill import distill
+from mrtf.refinery.fit import fit_student
 from mrtf.refinery.neighbour_vote import final_probs
 from mrtf.refinery.novelty import Novelty, target_novelty
 from mrtf.refinery.rectify import U_FALLBACK, rectified_targets, u_t
@@ -277,7 +277,7 @@ def refine(received, source, config: RefineConfig | None = None,
         novelty = _novelty(plan, out.logits, used, config, student is not None)
         out.logits = out.features = None  # free (K, M, C) before distilling
         t0 = time.perf_counter()
-        model = _fit(student_model, source, targets, config, dev, novelty)
+        model = fit_student(student_model, source, targets, config, dev, novelty)
         timings["distill"] = time.perf_counter() - t0
         if novelty is not None:
             extra["novelty"] = novelty
@@ -346,21 +346,6 @@ def _novelty(plan: _Plan, logits: np.ndarray, used, config: RefineConfig,
         return None
     return target_novelty(logits, [m.meta.train_loss for m in used],
                           num_local=len(plan.locals_))
-
-
-def _fit(student: nn.Module, source, targets: np.ndarray, config: RefineConfig,
-         dev: torch.device, novelty: Novelty | None, streaming: bool = False) -> nn.Module:
-    """Distil ``targets`` into ``student`` (Eq. 1-2), or, when the target is new to the
-    parties, adapt it to the target with SHOT under the same step budget (novelty.py; the
-    streaming path keeps SHOT's features in a scratch file in ``config.scratch_dir``)."""
-    if novelty is not None and novelty.adapt:
-        from mrtf.refinery.shot import ShotSettings, shot_adapt
-
-        return shot_adapt(student, source, ShotSettings(steps=config.steps,
-                                                        batch_size=config.batch_size),
-                          config.seed, dev, config.progress, streaming, config.scratch_dir)
-    return distill(student, source, targets, config.steps, config.batch_size, config.lr,
-                   config.seed, dev, config.variant, config.progress, config.jitter)
 
 
 def _live_start(plan: _Plan, before: np.ndarray, config: RefineConfig, notes: list[str],

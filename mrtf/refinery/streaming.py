@@ -22,7 +22,8 @@ every later stage reads them back a block at a time:
    k-means trained on a sample and assigned by blocks;
 4. distillation as in memory (it holds steps × batch rows, not M), or, where the default
    adapts θ_{t+1} to a target new to the parties, SHOT with its pseudo-label pass's
-   features in a scratch file (shot.py);
+   features in a scratch file (shot.py), then one vote pass and a distillation to it
+   (fit.py);
 5. final prediction, streamed, and (adaptive) the neighbour vote (neighbour_vote.py: the
    refined model's features are compared block by block with a fixed reference set).
 
@@ -46,6 +47,7 @@ from mrtf.device import pick_device
 from mrtf.errors import InputError
 from mrtf.refinery.cluster import prototype_targets
 from mrtf.refinery.config import METHOD_SPECS, RefineConfig
+from mrtf.refinery.fit import fit_student
 from mrtf.refinery.spill import Scratch, SpillArray, TeacherMajor
 from mrtf.refinery.streaming_adaptive import SourceStats, adaptive_targets_blocks
 from mrtf.refinery.teachers import TeacherChunks, _softmax_np, predict_probs
@@ -153,7 +155,7 @@ def refine_streaming(received, source, config: RefineConfig,
                 local.consensus = np.asarray(targets, np.float32)
     if sink is not None:
         t0 = time.perf_counter()  # SHOT's features, when it adapts, go to a scratch file
-        model = pl._fit(student_model, source, targets, config, dev, novelty, streaming=True)
+        model = fit_student(student_model, source, targets, config, dev, novelty, streaming=True)
         timings["distill"] = time.perf_counter() - t0
     return pl.finish(model, source, bool(teachers), targets, before, plan, u, notes,
                      extra.get("adaptive"), novelty, local, trusted, config, timings, dev,
