@@ -17,8 +17,9 @@ from mrtf.refinery.novelty import Novelty
 def fit_student(student: nn.Module, source, targets: np.ndarray, config: RefineConfig,
                 dev: torch.device, novelty: Novelty | None, streaming: bool = False) -> nn.Module:
     """Distil ``targets`` into ``student`` (Eq. 1-2), or, when the target is new to the
-    parties, adapt it to the target with SHOT under the same step budget (novelty.py; the
-    streaming path keeps SHOT's features in a scratch file in ``config.scratch_dir``)."""
+    parties, adapt it to the target with SHOT under the same step budget and settle it
+    (novelty.py, :func:`settle`; the streaming path keeps SHOT's features in a scratch file in
+    ``config.scratch_dir``)."""
     if novelty is not None and novelty.adapt:
         from mrtf.refinery.shot import ShotSettings, shot_adapt
 
