@@ -192,6 +192,11 @@ def _remember(spec: StandardFile, key: tuple[str, int, int]) -> None:
         pass  # no writable cache: remember for this process only
 
 
+def mark_verified(spec: StandardFile, path: Path) -> None:
+    """Remember that ``path`` (just checked under another name, then renamed) verifies."""
+    _remember(spec, _key(path))
+
+
 def is_verified(root: Path, spec: StandardFile) -> bool:
     """Whether the file was verified before at its present (size, mtime)."""
     path = root / spec.path
