@@ -155,14 +155,17 @@ def download(urls: list[str], part: Path, max_bytes: int, options: FetchOptions)
                         break  # not there: the next source
                 except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
                     errors.append(f"{url}: {first_line(getattr(exc, 'reason', exc))}")
-    kept = f"; {part.stat().st_size} bytes kept in {part} to resume" if part.exists() else ""
+    kept = part.stat().st_size if part.exists() else 0
+    if not kept:
+        part.unlink(missing_ok=True)
+    kept = f"; {kept} bytes kept in {part} to resume" if kept else ""
     raise InputError(f"download failed ({errors[-1]}; {len(errors)} tries){kept}")
 
 
 @contextlib.contextmanager
 def _locked(part: Path) -> Iterator[None]:
-    fd = os.open(part.with_name(f".{part.name}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                 0o644)
+    # the lock is on the .part file itself: no lock file is left behind
+    fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
