@@ -238,9 +238,9 @@ def _usps_from_esl(root: Path, spec: StandardFile, options: FetchOptions) -> Fet
     (v + 1) / 2 in float32, 16×16 row-major; checked by the arrays' sha256."""
     target = root / spec.path
     arrays = {}
-    for split, url in USPS_ESL_URLS.items():
+    for split, urls in USPS_ESL_URLS.items():
         part = target.with_name(f"zip.{split}.gz.part")
-        download([url], part, _ESL_MAX_BYTES, options)
+        url = download(list(urls), part, _ESL_MAX_BYTES, options)
         try:
             arrays[split] = parse_esl(part)
         except InputError as exc:
@@ -256,12 +256,12 @@ def _usps_from_esl(root: Path, spec: StandardFile, options: FetchOptions) -> Fet
         except InputError as exc:
             for split in arrays:
                 target.with_name(f"zip.{split}.gz.part").unlink(missing_ok=True)
-            raise InputError(f"USPS from {USPS_ESL_URLS['train']}: the converted arrays failed "
+            raise InputError(f"USPS from {url}: the converted arrays failed "
                              f"their check and were not kept ({exc})") from None
     for split in arrays:
         target.with_name(f"zip.{split}.gz.part").unlink(missing_ok=True)
     mark_verified(spec, target)
-    return FetchedFile(target, USPS_ESL_URLS["train"], "converted")
+    return FetchedFile(target, url.rsplit("/", 1)[0] + "/zip.{train,test}.gz", "converted")
 
 
 def parse_esl(path: Path) -> tuple[np.ndarray, np.ndarray]:

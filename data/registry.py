@@ -84,8 +84,9 @@ FILES: tuple[StandardFile, ...] = (
 
 # USPS has no official usps.h5: the official source is the ESL text files, converted to the
 # same arrays (pixels (v + 1) / 2) by mrtf.data.fetch.
-USPS_ESL_URLS = {split: f"https://hastie.su.domains/ElemStatLearn/datasets/zip.{split}.gz"
-                 for split in ("train", "test")}
+USPS_ESL_URLS = {split: tuple(f"{base}/zip.{split}.gz" for base in (
+    "https://hastie.su.domains/ElemStatLearn/datasets",
+    "https://web.stanford.edu/~hastie/ElemStatLearn/datasets")) for split in ("train", "test")}
 
 # Bound on uncompressed IDX content (train images: 47,040,016 bytes).
 MAX_IDX_BYTES = 64 * MB

@@ -19,8 +19,8 @@ Conversion between domains (``size=``, ``channels=``), following the papers:
   clamped to [0, 1] (upsampling: antialias would change nothing anyway).
 * MNIST→MNIST-M: DANN (Ganin & Lempitsky 2015) resizes MNIST to 32×32 and replicates it to
   3 channels: ``size=32, channels=3``.
-* channels 1→3 replicates the grey channel; 3→1 is the luminance 0.299 R + 0.587 G + 0.114 B.
-  Channels are converted before resizing.
+* channels 1→3 replicates the grey channel (after resizing; the order does not change the
+  values); 3→1 is the luminance 0.299 R + 0.587 G + 0.114 B (before resizing).
 """
 
 from __future__ import annotations
@@ -90,8 +90,11 @@ def load_standard(name: str, split: str = "test", *, size: int | None = None,
     root = resolve_data_dir(data_dir)
     reader = {"mnist": _read_mnist, "usps": _read_usps, "mnistm": _read_mnistm}[name]
     x, y = reader(root, split)
-    return ArrayDataset(name=f"{name}:{split}", y=y,
-                        x=adapt_images(x, size, channels, antialias=False))
+    if channels == 3 and x.shape[1] == 1:  # replicate after resizing: same values, less memory
+        x = adapt_images(adapt_images(x, size, antialias=False), channels=3)
+    else:
+        x = adapt_images(x, size, channels, antialias=False)
+    return ArrayDataset(name=f"{name}:{split}", y=y, x=x)
 
 
 def parse_idx(data: bytes, magic: int, shape: tuple[int, ...], source: str) -> np.ndarray:

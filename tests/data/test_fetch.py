@@ -182,7 +182,7 @@ def test_usps_rebuilt_from_esl_files(server, tmp_path, shared_data, monkeypatch)
             (tmp_path / f"srv/zip.{split}.gz").write_bytes(text)
     server.root = tmp_path / "srv"
     monkeypatch.setattr(fetch_module, "USPS_ESL_URLS",
-                        {s: f"{server.url}/zip.{s}.gz" for s in ("train", "test")})
+                        {s: (f"{server.url}/zip.{s}.gz",) for s in ("train", "test")})
     got = fetch_dataset("usps", tmp_path / "d", None, FAST)
     assert got[0].status == "converted" and not list((tmp_path / "d").rglob("*.part"))
     ours = load_standard("usps", "train", data_dir=tmp_path / "d")
