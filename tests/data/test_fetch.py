@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fcntl
 import gzip
+import io
 import json
 import re
 import shutil
@@ -170,8 +171,9 @@ def test_official_sources_in_order_and_bad_copy_replaced(server, tmp_path, monke
 def _esl_text(x: np.ndarray, y: np.ndarray) -> bytes:
     """ESL's format: the label, then the 256 pixels scaled to [-1, 1], 3 decimals."""
     v = np.round(2.0 * x.astype(np.float64) - 1.0, 3)
-    lines = [" ".join([f"{label:.4f}", *(f"{p:.3f}" for p in row)]) for label, row in zip(y, v)]
-    return gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0)
+    text = io.BytesIO()
+    np.savetxt(text, np.column_stack([y, v]), fmt="%.4f")
+    return gzip.compress(text.getvalue(), compresslevel=1, mtime=0)
 
 
 def test_usps_rebuilt_from_esl_files(server, tmp_path, shared_data, monkeypatch):
