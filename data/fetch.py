@@ -25,6 +25,7 @@ import re
 import time
 import urllib.error
 import urllib.request
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -269,7 +270,7 @@ def parse_esl(path: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
         with gzip.open(path, "rt", encoding="ascii") as fh:
             text = fh.read(32 * MB + 1)
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error) as exc:
         raise InputError(f"not a gzip text file ({first_line(exc)})") from None
     if len(text) > 32 * MB:
         raise InputError("uncompressed text exceeds 32 MB")

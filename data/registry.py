@@ -32,13 +32,14 @@ import gzip
 import hashlib
 import json
 import os
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
 import numpy as np
 
-from mrtf.errors import InputError
+from mrtf.errors import InputError, first_line
 from mrtf.io.atomic import atomic_path
 
 MB = 1 << 20
@@ -126,8 +127,8 @@ def read_gunzipped(path: Path, limit: int = MAX_IDX_BYTES) -> bytes:
     try:
         with gzip.open(path, "rb") as fh:
             data = fh.read(limit + 1)
-    except (OSError, EOFError) as exc:
-        raise InputError(f"{path}: not a readable gzip file ({exc})") from None
+    except (OSError, EOFError, zlib.error) as exc:
+        raise InputError(f"{path}: not a readable gzip file ({first_line(exc)})") from None
     if len(data) > limit:
         raise InputError(f"{path}: uncompressed content exceeds {limit // MB} MB")
     return data
@@ -147,8 +148,9 @@ def usps_arrays_digest(path: Path) -> str:
                         raise InputError(f"{path}: no usable {name!r} array")
                     arr = np.ascontiguousarray(node[()], dtype=dtype)
                     digest.update(arr.tobytes())
-    except OSError as exc:
-        raise InputError(f"{path}: not a readable HDF5 file ({exc})") from None
+    except (OSError, ValueError, TypeError) as exc:
+        raise InputError(f"{path}: not a readable HDF5 file of USPS arrays ({first_line(exc)})"
+                         ) from None
     return digest.hexdigest()
 
 

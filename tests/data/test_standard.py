@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from mrtf.cli.main import cli
 from mrtf.data import is_dataset_name, load_dataset, load_standard, parse_standard_name, registry
+from mrtf.data.standard import parse_idx
 from mrtf.errors import InputError
 from mrtf.federated.run_config import RunConfig
 
@@ -143,3 +144,29 @@ def test_cli_convert_and_simulate_take_standard_names(shared_data, tmp_path, mon
         assert fh["x"].shape == (100, 1, 16, 16)
     res = run(cli, ["convert", "mnistm:train", str(tmp_path / "m.h5")])
     assert res.exit_code == 2 and "only its test split" in res.output
+
+
+def test_idx_headers_are_checked():
+    good = (0x803).to_bytes(4, "big") + b"".join(n.to_bytes(4, "big") for n in (2, 28, 28))
+    assert parse_idx(good + bytes(2 * 784), 0x803, (28, 28), "f").shape == (2, 28, 28)
+    for data, message in [(good[:10], "too short"), (good + bytes(784), "1568"),
+                          (good.replace(b"\x08\x03", b"\x08\x01", 1), "magic"),
+                          (good[:8] + (10**6).to_bytes(4, "big") + good[12:], "sizes")]:
+        with pytest.raises(InputError, match=message):
+            parse_idx(data, 0x803, (28, 28), "f")
+
+
+def test_corrupt_files_are_one_line_errors(tmp_path):
+    (tmp_path / "mnist").mkdir()
+    (tmp_path / "usps").mkdir()
+    good = gzip.compress(bytes(5000))
+    (tmp_path / "mnist/t10k-images-idx3-ubyte.gz").write_bytes(good[:20] + b"\xff" * 40)
+    with pytest.raises(InputError, match="not a readable gzip file"):
+        load_standard("mnist", data_dir=tmp_path)
+    (tmp_path / "usps/usps.h5").write_bytes(b"not hdf5" * 100)
+    with pytest.raises(InputError, match="not a readable HDF5 file"):
+        load_standard("usps", data_dir=tmp_path)
+    with h5py.File(tmp_path / "usps/usps.h5", "w") as fh:
+        fh["train/data"] = np.array([b"text"] * 3)
+    with pytest.raises(InputError, match="not a readable HDF5 file|no usable"):
+        load_standard("usps", data_dir=tmp_path)
