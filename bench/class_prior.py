@@ -11,8 +11,8 @@ seed 0; the neighbourhoods are those of the subsampled target). The teachers' lo
 θ_{t+1}'s features are cached per received set under ``--out``/class_prior::
 
     OMP_NUM_THREADS=1 python bench/class_prior.py            # writes class_prior.{json,md}
-    # every received set cached under runs/fresh/received (bench/studies/calibration_fresh.py): cells
-    # never used to choose the rule
+    # every received set cached under runs/fresh/received (bench/studies/calibration_fresh.py):
+    # cells never used to choose the rule
     OMP_NUM_THREADS=1 python bench/class_prior.py --out runs/fresh --all-cached
 """
 

@@ -2,9 +2,9 @@
 forward selection on the leave-one-scenario-out (LOSO) error, and the honest error of that
 procedure (nested LOSO: the selection redone without each held-out scenario).
 
-    python bench/studies/calibration_select.py --grid GRID --out runs/calib --table    # fixed models
-    python bench/studies/calibration_select.py --grid GRID --out runs/calib --forward  # selection
-    python bench/studies/calibration_select.py --grid GRID --out runs/calib --nested   # ~40 min
+    python bench/studies/calibration_select.py --grid GRID --out runs/calib --table  # fixed
+    python bench/studies/calibration_select.py --grid GRID --out runs/calib --forward  # select
+    python bench/studies/calibration_select.py --grid GRID --out runs/calib --nested  # 40 min
 
 Needs ``bench/calibration.py --dump`` first (its ``feats``: the refined model's penultimate
 features, for the in-memory-only candidates ``knn_feat*``). y only scores. The T = 200 cells

@@ -1,7 +1,7 @@
 """CLR (Eq. 11-12) and the k-means view on 1M × 256 features spilled to disk, as the
 streaming refinery runs them: wall, CPU, peak RSS.
 
-    OMP_NUM_THREADS=1 python bench/studies/clr_spill.py            # writes a 1 GB scratch under runs/
+    OMP_NUM_THREADS=1 python bench/studies/clr_spill.py   # writes a 1 GB scratch under runs/
 """
 
 import argparse

@@ -8,7 +8,8 @@ the run. One JSON line per round::
 
     OMP_NUM_THREADS=1 python bench/studies/inloop_branches.py runs/branches/label-s1.jsonl \\
         --config bench/configs/mnist5k-label.toml --seed 1
-    python bench/studies/inloop_branches.py runs/branches/label-s1.jsonl --config ... --seed 1 --report
+    python bench/studies/inloop_branches.py runs/branches/label-s1.jsonl --config ... --seed 1 \\
+        --report
 
 (The README's in-loop paragraph quotes label:3 seed 1: ~35 minutes on one loaded core.)
 """
