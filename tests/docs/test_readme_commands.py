@@ -97,3 +97,16 @@ def test_parse_rejects_what_the_cli_rejects():
         parse("mrtf refine runs/received --no-such-option")
     with pytest.raises(click.BadParameter):
         parse("mrtf simulate --rounds ten")
+
+
+GUIDE_MRTF = sorted({(page.name, c) for page in (ROOT / "docs" / "guide").glob("*.md")
+                     for text in [page.read_text(encoding="utf-8")]
+                     for c in shell_commands(text)
+                     if c.startswith("mrtf ") and "..." not in c})
+
+
+@pytest.mark.parametrize(("page", "command"), GUIDE_MRTF)
+def test_user_guide_mrtf_command_parses(page, command):
+    """The ``mrtf`` commands of the user guide's code blocks parse too (the docs site shows
+    them; its prose quotes fragments such as ``mrtf score --plot FILE.png``, not checked)."""
+    parse(command)
