@@ -1,5 +1,5 @@
-"""Two changes to the calibrator tried on the second replicate's grid (docs/results.md, "On
-the second replicate"), neither adopted:
+"""Two changes to the calibrator tried on the second replicate's grid
+(docs/benchmarks/calibration.md, "On the second replicate"), neither adopted:
 
 - the constants refitted with every weight >= 0 against the free fit: every signal of
   mrtf.trust.calibration.FEATURES should raise P(label right), yet the free fit gives the

@@ -11,7 +11,8 @@ the run. One JSON line per round::
     python bench/studies/inloop_branches.py runs/branches/label-s1.jsonl --config ... --seed 1 \\
         --report
 
-(The README's in-loop paragraph quotes label:3 seed 1: ~35 minutes on one loaded core.)
+(docs/benchmarks/demo-and-runs.md, "In the loop", quotes label:3 seed 1: ~35 minutes on one
+loaded core.)
 """
 
 from __future__ import annotations

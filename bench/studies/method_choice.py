@@ -1,4 +1,4 @@
-"""Could the labels choose their method? (not adopted; docs/results.md)
+"""Could the labels choose their method? (not adopted; docs/benchmarks/label-quality.md)
 
 The class prior is chosen per target by how well each prior's labels follow the target's own
 neighbourhoods (mrtf/refinery/prior_choice.py). This asks whether the same label-free test

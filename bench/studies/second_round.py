@@ -1,4 +1,4 @@
-"""A second refinement round on the default's voted labels (README, "Label quality"): each
+"""A second refinement round on the default's voted labels (docs/benchmarks/label-quality.md): each
 received set of the label-quality grid and the fresh scenarios refined by the default as it
 was before its adapted model was settled (``r1``; mrtf/refinery/fit.py's settle switched off
 here), then a model distilled again (500 steps, input jitter, seed + 1000) to the voted

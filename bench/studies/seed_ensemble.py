@@ -1,6 +1,6 @@
 """The default refined with three seeds and its labels averaged, and with 1,000 distillation
-steps instead of 500 (README, "Label quality", tried after the vote; not adopted). Same sets
-as bench/studies/second_round.py; y only scores; one JSON per set under ``--out``::
+steps instead of 500 (docs/benchmarks/label-quality.md, tried after the vote; not adopted).
+Same sets as bench/studies/second_round.py; y only scores; one JSON per set under ``--out``::
 
     OMP_NUM_THREADS=1 python bench/studies/seed_ensemble.py --shard 0/2 &   # ~25 s a set
     OMP_NUM_THREADS=1 python bench/studies/seed_ensemble.py --shard 1/2
