@@ -33,7 +33,7 @@ from mrtf.models import available_archs
 @click.option("--lr", default=0.05, show_default=True, help="Local SGD learning rate.")
 @click.option("--batch-size", default=16, show_default=True,
               help="Local batch size (16: clients hold ~200 samples; measured in "
-                   "docs/results.md, 64 left a 10-round federation near chance).")
+                   "docs/benchmarks/demo-and-runs.md, 64 left a 10-round federation near chance).")
 @click.option("--mu", default=0.0, show_default=True,
               help="FedProx proximal coefficient μ (0 = FedAvg; evaluation runs: with "
                    "--local-algorithm fedprox, e.g. 0.01).")
