@@ -6,10 +6,11 @@ from pathlib import Path
 
 import click
 
-from mrtf.cli.common import Out, output_options, table
-from mrtf.errors import InputError, clip
+from mrtf.cli.common import Out, output_options, shown, table
+from mrtf.errors import InputError
 from mrtf.io.bundles import load_bundle, load_received
 from mrtf.io.hdf5 import describe_h5
+from mrtf.io.limits import check_memory, labeling_bytes
 
 
 @click.command()
@@ -40,15 +41,15 @@ def inspect(path: Path, trust_arch: tuple[str, ...], out: Out, data: Path | None
         info["tensors"] = len(model.state_dict)
         info["parameters"] = int(sum(t.numel() for t in model.state_dict.values()))
         for key, value in info.items():
-            out.say(f"{key:>12}: {value}")
+            out.say(f"{key:>12}: {shown(value)}")
         out.summary({"command": "inspect", "kind": "model", **info})
     elif path.suffix in (".h5", ".hdf5"):
         info = describe_h5(path)
-        out.say(f"{path}")
+        out.say(str(path))
         out.say(table([[k, "×".join(map(str, v["shape"])), v["dtype"]]
                        for k, v in info["datasets"].items()], ["dataset", "shape", "dtype"]))
         for key, value in info["attrs"].items():
-            out.say(f"  @{key} = {clip(str(value), 100)}")
+            out.say(f"  @{shown(key, 80)} = {shown(value, 100)}")
         out.summary({"command": "inspect", "kind": "hdf5", **info})
     else:
         raise InputError(f"{path}: don't know how to inspect this (expected a directory, "
@@ -97,6 +98,12 @@ def _reliability(received, data: Path, device: str | None, out: Out) -> list[dic
     if not received.models:
         raise InputError("no valid received model to measure on --data")
     with H5Dataset(data) as source:
+        # the limits of refine and label, before any model runs: a set they would refuse is
+        # refused here too (its rows are only sampled, but reading a sample of 10^9 declared
+        # rows is no preview of a run that cannot happen)
+        check_memory(labeling_bytes(len(source), received.num_classes),
+                     f"{data.name}: labeling its {len(source):,} samples")
+        source.check_columns(received.num_classes, " of the received models")
         for m in received.models:
             check_model_fits(m.build(), m.path.name, source, m.meta.num_classes,
                              m.meta.arch_kwargs)

@@ -12,7 +12,7 @@ from mrtf.io.bundles import load_bundle
 from mrtf.io.hdf5 import H5Dataset
 from mrtf.io.labels import write_labels
 from mrtf.io.labels_csv import write_labels_csv
-from mrtf.io.limits import check_memory
+from mrtf.io.limits import check_memory, labeling_bytes
 from mrtf.io.outputs import Outputs
 from mrtf.labeling import label as label_data
 from mrtf.progress import log_lines
@@ -52,10 +52,11 @@ def label(model: Path, data: Path, labels_out: Path | None, csv_out: Path | None
         for note in bundle.notes:
             out.warn(f"{bundle.path.name}: {note}")
         with H5Dataset(data) as source:
-            check_memory(len(source) * bundle.meta.num_classes * 4 * 4,
+            check_memory(labeling_bytes(len(source), bundle.meta.num_classes),
                          f"labeling {len(source):,} samples")
             outs.check_space({p: len(source) * (bundle.meta.num_classes + 6) * 4
                               for p in (labels_out, csv_out) if p is not None})
+            source.check_columns(bundle.meta.num_classes, f" of {bundle.path.name}")
             with log_lines(out.progress):
                 result = run_guarded(lambda: label_data(
                     bundle, source, batch_size=batch_size, device=device,

@@ -19,15 +19,17 @@ import torch
 from safetensors.torch import save
 from torch import nn
 
-from mrtf.errors import InputError, clip
+from mrtf.errors import InputError, clip, printable
 from mrtf.io.atomic import atomic_path
 from mrtf.io.limits import (
     MAX_CLASSES,
     MAX_COUNT,
     MAX_LOSS,
+    MAX_NAME_CHARS,
     MAX_ROUND,
     bounded_float,
     bounded_int,
+    check_received_size,
     check_regular_file,
     reference_shapes,
 )
@@ -120,6 +122,8 @@ class BundleMeta:
             raise InputError(f"{source}: {exc}") from None
 
     def _validate(self) -> None:
+        for key in ("party", "arch"):
+            check_name(getattr(self, key), f"mrtf.{key}")
         if not isinstance(self.arch_kwargs, dict):
             raise InputError("mrtf.arch_kwargs must be a JSON object")
         bounded_int(self.num_classes, "mrtf.num_classes", 2, MAX_CLASSES)
@@ -145,6 +149,19 @@ class BundleMeta:
             bounded_float(self.train_loss, "mrtf.train_loss", 0.0, MAX_LOSS)
         if self.round is not None:
             bounded_int(self.round, "mrtf.round", 0, MAX_ROUND)
+
+
+def check_name(value: str | None, key: str) -> None:
+    """A name that is printed (party, architecture): at most :data:`MAX_NAME_CHARS`
+    characters and no control characters, so that it can neither forge a line of output
+    (``mrtf: error: ...``) nor drive a terminal."""
+    if value is None:
+        return
+    if len(value) > MAX_NAME_CHARS:
+        raise InputError(f"{key} is {len(value):,} characters long; at most {MAX_NAME_CHARS}")
+    if not value.isprintable():
+        raise InputError(f"{key} holds control characters (a newline, a terminal escape): "
+                         f"{printable(value, 80)}")
 
 
 def _read_round(head: dict[str, str]) -> int | None:
@@ -308,6 +325,7 @@ def scan_received(directory: str | os.PathLike
     files: list[Path] = []
     refused: list[tuple[Path, str]] = []
     notes: list[str] = []
+    total = 0
     for e in entries:
         path, suffix = d / e.name, Path(e.name).suffix
         if e.name.startswith("."):
@@ -317,11 +335,15 @@ def scan_received(directory: str | os.PathLike
         if e.is_symlink():
             why = "a symbolic link; received models must be regular files in the directory " \
                   "(links are not followed)"
+        elif not e.name.isprintable():
+            why = "its name holds control characters (a newline, a terminal escape)"
         elif e.is_file(follow_symlinks=False):
             if suffix in MODEL_SUFFIXES:
                 files.append(path)
+                total += e.stat(follow_symlinks=False).st_size
             else:
-                notes.append(f"skipped {e.name} (not a .safetensors or .pt model)")
+                notes.append(f"skipped {printable(e.name)} (not a .safetensors or .pt "
+                             "model)")
             continue
         elif e.is_dir(follow_symlinks=False):
             why = "a directory (received directories are not searched recursively)"
@@ -330,7 +352,8 @@ def scan_received(directory: str | os.PathLike
         if suffix in MODEL_SUFFIXES:
             refused.append((path, why))
         else:
-            notes.append(f"skipped {e.name}: {why}")
+            notes.append(f"skipped {printable(e.name)}: {why}")
+    check_received_size(d, len(files), total)
     return files, refused, notes
 
 

@@ -23,6 +23,14 @@ from mrtf.errors import InputError
 
 MAX_FILE_BYTES = 1 << 30  # one received file, uncompressed (a 50M-parameter float32 model: 200 MB)
 MAX_SIDECAR_BYTES = 1 << 20  # a .pt's .json sidecar
+# A safetensors header (tensor names, shapes, metadata), read before anything is parsed: a
+# 100-class model's header is ~2 KB, label counts of 100,000 classes ~1.3 MB.
+MAX_HEADER_BYTES = 4 << 20
+MAX_NAME_CHARS = 256  # mrtf.party, mrtf.arch: names printed in tables
+# Model files in one received directory, counted (and their sizes summed) from the directory
+# listing before any is opened; the environment variable raises the count.
+MAX_RECEIVED_FILES = 1000
+MAX_RECEIVED_ENV = "MRTF_MAX_RECEIVED"
 MAX_PARAMS = 50_000_000  # parameters + buffers of one model
 MAX_CLASSES = 100_000
 MAX_COUNT = 10**12  # n_samples, each label count
@@ -180,3 +188,37 @@ def check_memory(needed: int, what: str) -> None:
     if needed > avail:
         raise InputError(f"{what} needs about {human_bytes(needed)} of memory, more than the "
                          f"{human_bytes(avail)} available")
+
+
+def labeling_bytes(m: int, c: int) -> int:
+    """Memory to hold the (M, C) outputs of labeling ``m`` samples with ``c`` classes
+    (probabilities and their working copies): what ``mrtf label`` checks first, and
+    ``mrtf inspect --data`` with it, so that a set no command could label is refused at once."""
+    return m * c * 4 * 4
+
+
+def max_received_files() -> int:
+    """:data:`MAX_RECEIVED_FILES`, or the positive integer in ``$MRTF_MAX_RECEIVED``."""
+    raw = os.environ.get(MAX_RECEIVED_ENV)
+    if raw is None or not raw.strip():
+        return MAX_RECEIVED_FILES
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise InputError(f"${MAX_RECEIVED_ENV} must be a positive integer, got {raw[:40]!r}")
+    return value
+
+
+def check_received_size(directory: Path, count: int, total_bytes: int) -> None:
+    """A received directory's model files, from their ``stat`` alone: at most
+    :func:`max_received_files` of them, and their bytes (held in memory once loaded, twice
+    while one is read) within the memory available."""
+    limit = max_received_files()
+    if count > limit:
+        raise InputError(f"{directory}: holds {count:,} model files, more than the {limit:,} "
+                         f"mrtf loads at once (set {MAX_RECEIVED_ENV}={count} to raise the "
+                         "limit)")
+    check_memory(2 * total_bytes, f"loading the {count:,} received model files "
+                                  f"({human_bytes(total_bytes)})")
