@@ -372,7 +372,7 @@ def load_received(directory: str | os.PathLike, trusted_archs: Collection[str] =
     files, refused, notes = scan_received(directory)
     if strict and refused:
         path, why = refused[0]
-        raise InputError(f"{path}: {why}")
+        raise InputError(f"{printable(path, 1000)}: {why}")
     models: list[ReceivedModel] = []
     for f in files:
         try:
