@@ -17,7 +17,7 @@ import numpy as np
 from mrtf.errors import PRINT_LIMIT, FusionError, InputError, printable
 
 #: the longest line a message prints (an error, a warning, one line of a report)
-LINE_LIMIT = 2000
+LINE_LIMIT = 10_000
 
 
 class Terminated(BaseException):
