@@ -25,10 +25,10 @@ from mrtf.io.limits import (
     MAX_CLASSES,
     MAX_COUNT,
     MAX_LOSS,
-    MAX_NAME_CHARS,
     MAX_ROUND,
     bounded_float,
     bounded_int,
+    check_name,
     check_received_size,
     check_regular_file,
     reference_shapes,
@@ -149,19 +149,6 @@ class BundleMeta:
             bounded_float(self.train_loss, "mrtf.train_loss", 0.0, MAX_LOSS)
         if self.round is not None:
             bounded_int(self.round, "mrtf.round", 0, MAX_ROUND)
-
-
-def check_name(value: str | None, key: str) -> None:
-    """A name that is printed (party, architecture): at most :data:`MAX_NAME_CHARS`
-    characters and no control characters, so that it can neither forge a line of output
-    (``mrtf: error: ...``) nor drive a terminal."""
-    if value is None:
-        return
-    if len(value) > MAX_NAME_CHARS:
-        raise InputError(f"{key} is {len(value):,} characters long; at most {MAX_NAME_CHARS}")
-    if not value.isprintable():
-        raise InputError(f"{key} holds control characters (a newline, a terminal escape): "
-                         f"{printable(value, 80)}")
 
 
 def _read_round(head: dict[str, str]) -> int | None:
@@ -362,6 +349,25 @@ def model_files(directory: str | os.PathLike) -> list[Path]:
     return scan_received(directory)[0]
 
 
+def headers_first(files: list[Path], refused: list[tuple[Path, str]], strict: bool
+                  ) -> list[Path]:
+    """The safetensors files whose header and metadata pass, read before any file's weights
+    (a bad claim in the last of many files is refused before the others are loaded); the
+    others go to ``refused``, or the first raises when ``strict``."""
+    passed = []
+    for f in files:
+        if f.suffix == ".safetensors":
+            try:
+                BundleMeta.from_header(peek_safetensors(f)[0], str(f))
+            except InputError as exc:
+                if strict:
+                    raise
+                refused.append((f, str(exc).removeprefix(f"{f}: ")))
+                continue
+        passed.append(f)
+    return passed
+
+
 def load_received(directory: str | os.PathLike, trusted_archs: Collection[str] = (),
                   strict: bool = True) -> ReceivedSet:
     """Load every model in ``directory``; check that all agree on the class count.
@@ -374,7 +380,7 @@ def load_received(directory: str | os.PathLike, trusted_archs: Collection[str] =
         path, why = refused[0]
         raise InputError(f"{printable(path, 1000)}: {why}")
     models: list[ReceivedModel] = []
-    for f in files:
+    for f in headers_first(files, refused, strict):
         try:
             models.append(load_bundle(f, trusted_archs))
         except InputError as exc:

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from mrtf.errors import InputError
+from mrtf.errors import InputError, printable
 
 MAX_FILE_BYTES = 1 << 30  # one received file, uncompressed (a 50M-parameter float32 model: 200 MB)
 MAX_SIDECAR_BYTES = 1 << 20  # a .pt's .json sidecar
@@ -108,6 +108,19 @@ def bounded_int(value: Any, name: str, low: int, high: int) -> int:
     if not low <= value <= high:
         raise InputError(f"{name} must be in [{low}, {high}], got {_short(value)}")
     return value
+
+
+def check_name(value: str | None, key: str) -> None:
+    """A name that is printed (party, architecture): at most :data:`MAX_NAME_CHARS`
+    characters and no control characters, so that it can neither forge a line of output
+    (``mrtf: error: ...``) nor drive a terminal."""
+    if value is None:
+        return
+    if len(value) > MAX_NAME_CHARS:
+        raise InputError(f"{key} is {len(value):,} characters long; at most {MAX_NAME_CHARS}")
+    if not value.isprintable():
+        raise InputError(f"{key} holds control characters (a newline, a terminal escape): "
+                         f"{printable(value, 80)}")
 
 
 def _short(value: int | float) -> str:
