@@ -47,7 +47,9 @@ def inspect(path: Path, trust_arch: tuple[str, ...], out: Out, data: Path | None
         info = describe_h5(path)
         out.say(str(path))
         out.say(table([[k, "×".join(map(str, v["shape"])), v["dtype"]]
-                       for k, v in info["datasets"].items()], ["dataset", "shape", "dtype"]))
+                       for k, v in info["datasets"].items()]
+                      + [[k, "-", f"({v}; not followed)"] for k, v in info["links"].items()],
+                      ["dataset", "shape", "dtype"]))
         for key, value in info["attrs"].items():
             out.say(f"  @{shown(key, 80)} = {shown(value, 100)}")
         out.summary({"command": "inspect", "kind": "hdf5", **info})

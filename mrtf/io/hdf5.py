@@ -336,16 +336,25 @@ def describe_h5(path: str | os.PathLike) -> dict[str, Any]:
     values are as stored: printers pass them through ``printable``."""
     with _open(path) as f:
         datasets: dict[str, Any] = {}
+        links: dict[str, str] = {}
 
         def visit(name: str, obj: Any) -> Any:
             if isinstance(obj, h5py.Dataset):
                 datasets[name] = {"shape": list(obj.shape), "dtype": str(obj.dtype)}
             return True if len(datasets) >= MAX_LISTED else None  # True stops the walk
 
+        def visit_link(name: str, link: Any) -> Any:
+            if isinstance(link, h5py.SoftLink):
+                links[name] = f"soft link to {link.path}"
+            elif isinstance(link, h5py.ExternalLink):
+                links[name] = f"external link to {link.filename}:{link.path}"
+            return True if len(links) >= MAX_LISTED else None
+
         with _reading(Path(path), "the file's index"):
             f.visititems(visit)
+            f.visititems_links(visit_link)  # lists links, follows none
             attrs = {name: _attr(f, name) for name in list(f.attrs)[:MAX_LISTED]}
-    return {"path": str(path), "datasets": datasets, "attrs": attrs}
+    return {"path": str(path), "datasets": datasets, "links": links, "attrs": attrs}
 
 
 #: what ``mrtf inspect FILE.h5`` lists of a file at most: datasets, attributes

@@ -376,3 +376,26 @@ def test_valid_text_ids_are_read_back(tmp_path: Path) -> None:
     with H5Dataset(target_with(tmp_path, ids=text_ids(names))) as ds:
         ds.check_columns(10)
         assert ds.ids().tolist() == [n.decode() for n in names]
+
+
+def test_headers_are_checked_before_any_weights_are_read(base: Path, tmp_path: Path,
+                                                         monkeypatch) -> None:
+    """A bad claim in the last file refuses the set before the first file's weights load."""
+    import mrtf.io.bundles
+
+    loaded = []
+    monkeypatch.setattr(mrtf.io.bundles, "load_safetensors",
+                        lambda p: loaded.append(p) or {})
+    recv = recv_with(tmp_path, base, "z.safetensors", head={"mrtf.round": str(10**7)})
+    res = CliRunner().invoke(cli, refine_args(recv, base / "target.h5", tmp_path))
+    assert_refused(res.exit_code, res.stderr, res.output, "z.safetensors: mrtf.round must be")
+    assert loaded == []
+
+
+def test_inspect_h5_lists_links_without_following_them(tmp_path: Path) -> None:
+    path = target_with(tmp_path, ids=soft_loop, y=external_to(_text_file(tmp_path)))
+    res = CliRunner().invoke(cli, ["inspect", str(path)])
+    assert res.exit_code == 0, res.output
+    assert "(soft link to /ids; not followed)" in res.stdout
+    assert "notes.txt:/x; not followed)" in res.stdout
+    assert "Traceback" not in res.output
