@@ -312,7 +312,6 @@ def scan_received(directory: str | os.PathLike
     files: list[Path] = []
     refused: list[tuple[Path, str]] = []
     notes: list[str] = []
-    total = 0
     for e in entries:
         path, suffix = d / e.name, Path(e.name).suffix
         if e.name.startswith("."):
@@ -327,10 +326,8 @@ def scan_received(directory: str | os.PathLike
         elif e.is_file(follow_symlinks=False):
             if suffix in MODEL_SUFFIXES:
                 files.append(path)
-                total += e.stat(follow_symlinks=False).st_size
             else:
-                notes.append(f"skipped {printable(e.name)} (not a .safetensors or .pt "
-                             "model)")
+                notes.append(f"skipped {printable(e.name)} (not a .safetensors or .pt model)")
             continue
         elif e.is_dir(follow_symlinks=False):
             why = "a directory (received directories are not searched recursively)"
@@ -340,7 +337,7 @@ def scan_received(directory: str | os.PathLike
             refused.append((path, why))
         else:
             notes.append(f"skipped {printable(e.name)}: {why}")
-    check_received_size(d, len(files), total)
+    check_received_size(d, files)
     return files, refused, notes
 
 
@@ -349,22 +346,19 @@ def model_files(directory: str | os.PathLike) -> list[Path]:
     return scan_received(directory)[0]
 
 
-def headers_first(files: list[Path], refused: list[tuple[Path, str]], strict: bool
-                  ) -> list[Path]:
-    """The safetensors files whose header and metadata pass, read before any file's weights
-    (a bad claim in the last of many files is refused before the others are loaded); the
+def headers_first(files: list[Path], refused: list[tuple[Path, str]], strict: bool) -> list:
+    """The files whose safetensors header and claims pass, all read before any weights; the
     others go to ``refused``, or the first raises when ``strict``."""
     passed = []
     for f in files:
-        if f.suffix == ".safetensors":
-            try:
+        try:
+            if f.suffix == ".safetensors":
                 BundleMeta.from_header(peek_safetensors(f)[0], str(f))
-            except InputError as exc:
-                if strict:
-                    raise
-                refused.append((f, str(exc).removeprefix(f"{f}: ")))
-                continue
-        passed.append(f)
+            passed.append(f)
+        except InputError as exc:
+            if strict:
+                raise
+            refused.append((f, str(exc).removeprefix(f"{f}: ")))
     return passed
 
 

@@ -224,14 +224,15 @@ def max_received_files() -> int:
     return value
 
 
-def check_received_size(directory: Path, count: int, total_bytes: int) -> None:
-    """A received directory's model files, from their ``stat`` alone: at most
+def check_received_size(directory: Path, files: list[Path]) -> None:
+    """A received directory's model files, from the listing and ``stat`` alone: at most
     :func:`max_received_files` of them, and their bytes (held in memory once loaded, twice
     while one is read) within the memory available."""
     limit = max_received_files()
-    if count > limit:
-        raise InputError(f"{directory}: holds {count:,} model files, more than the {limit:,} "
-                         f"mrtf loads at once (set {MAX_RECEIVED_ENV}={count} to raise the "
-                         "limit)")
-    check_memory(2 * total_bytes, f"loading the {count:,} received model files "
-                                  f"({human_bytes(total_bytes)})")
+    if len(files) > limit:
+        raise InputError(f"{directory}: holds {len(files):,} model files, more than the "
+                         f"{limit:,} mrtf loads at once (set {MAX_RECEIVED_ENV}={len(files)} "
+                         "to raise the limit)")
+    total = sum(os.stat(f, follow_symlinks=False).st_size for f in files)
+    check_memory(2 * total, f"loading the {len(files):,} received model files "
+                            f"({human_bytes(total)})")

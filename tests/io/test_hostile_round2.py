@@ -72,12 +72,12 @@ def tripwire(monkeypatch):
     def reached(*args, **kwargs):
         raise AssertionError("a model ran on the data before the input was refused")
 
-    import mrtf.cli.label
     import mrtf.cli.refine
+    import mrtf.labeling
     import mrtf.trust.received
 
     for module, name in ((mrtf.cli.refine, "probe_outputs"), (mrtf.cli.refine, "refine"),
-                         (mrtf.cli.label, "predict_probs"),
+                         (mrtf.labeling, "predict_probs"),
                          (mrtf.trust.received, "assess_received")):
         monkeypatch.setattr(module, name, reached)
 
