@@ -19,7 +19,7 @@ from mrtf.io.limits import check_memory, labeling_bytes
               help="A package.module:factory architecture you trust (local code).")
 @click.option("--data", type=click.Path(path_type=Path), default=None,
               help="With a received directory: measure every party on this target set "
-                   "(.h5 with x; y is not read) and give each a verdict.")
+                   "(.h5 with x; y, if any, is checked but not used) and give each a verdict.")
 @click.option("--device", default=None, help="cpu, cuda, ... (default: CUDA when present).")
 @output_options
 def inspect(path: Path, trust_arch: tuple[str, ...], out: Out, data: Path | None = None,
@@ -111,7 +111,7 @@ def _reliability(received, data: Path, device: str | None, out: Out) -> list[dic
                              m.meta.arch_kwargs)
         report = run_guarded(lambda: assess_received(received, source, device,
                                                      progress=out.progress))
-    out.say(f"\nreliability on {data.name} ({len(report.parties)} local models; y not read)")
+    out.say(f"\nreliability on {data.name} ({len(report.parties)} local models; y not used)")
     out.say(table(report.rows(), report.HEADER))
     for note in report.notes:
         out.say(f"note: {note}")
