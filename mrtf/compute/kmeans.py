@@ -1,14 +1,17 @@
 """Spherical k-means in torch on any device, step for step faiss's ``Kmeans(spherical=True)``.
 
-faiss's Clustering (faiss/Clustering.cpp) is reproduced, not only its algorithm: the initial
-centroids are the training rows its ``rand_perm(n, seed + 1)`` puts first (std::mt19937
-seeded with the seed: numpy's legacy RandomState gives the same 32-bit draws), each iteration
-assigns every row to its largest inner product, takes each cluster's mean, splits a large
-cluster into any empty one as faiss does (its own RandomGenerator(1234) per iteration, and a
-±1/1024 perturbation), and renormalises. So on the same rows the centroids are faiss's up to
-float32 summation order, and the assignments equal except where two centroids are within that
-rounding of each other (the tests hold it to faiss-cpu). The training set is what
-the caller passes (cluster.kmeans_assign draws at most 256 rows per cluster itself).
+faiss's Clustering (faiss/Clustering.cpp, faiss 1.15) is reproduced, not only its algorithm:
+the initial centroids are the training rows its ``rand_perm(n, seed + 1)`` puts first
+(std::mt19937 seeded with the seed: numpy's legacy RandomState gives the same 32-bit draws),
+each iteration assigns every row to its largest inner product, takes each cluster's mean,
+splits a large cluster into any empty one as faiss does (its own RandomGenerator(1234) per
+iteration, and a ±1/1024 perturbation), renormalises, and stops early where faiss does (an
+objective, summed in float32 in row order, equal to the previous one). So on the same rows
+the centroids are faiss's up to float32 rounding (≤ 1.2e-7 in the tests), and so are the
+assignments, except where that rounding moves the early stop by an iteration while the
+centroids still drift (a cluster split between two centroids). The training set is what the
+caller passes: faiss would subsample above 256 rows per cluster (cluster.kmeans_assign draws
+at most that many itself, so faiss never does there).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from mrtf.compute.knn import nearest_block, unit_rows
+from mrtf.compute.knn import unit_rows
 
 #: faiss's split perturbation: "a bit above machine epsilon for float16"
 _SPLIT_EPS = 1 / 1024.0
@@ -57,7 +60,8 @@ class _SplitRandom:
 @dataclass
 class KMeansResult:
     """centroids (k, D) float32 on the device (unit rows); objective: Σ of each row's inner
-    product with its centroid before every update (faiss's ``obj``); splits per iteration."""
+    product with its centroid before every update (faiss's ``obj``, float32 in row order), one
+    per iteration run; splits: empty clusters split per iteration."""
 
     centroids: torch.Tensor
     objective: list[float] = field(default_factory=list)
@@ -76,15 +80,20 @@ def spherical_kmeans(x: torch.Tensor, k: int, iterations: int = 25, seed: int = 
     perm = torch.from_numpy(faiss_permutation(n, seed + 1)[:k]).to(x.device)
     centroids = unit_rows(x[perm])
     out = KMeansResult(centroids)
-    for _ in range(iterations):
-        assign = nearest_block(x, centroids)
-        out.objective.append(float((x * centroids[assign]).sum(1).double().sum()))
+    for i in range(iterations):
+        best = (x @ centroids.T).max(1)  # the first of tied centroids, as argmax
+        assign = best.indices
+        # faiss's objective: a float32 sum in row order, and faiss stops at the first
+        # iteration whose objective equals the previous one (early_stop_threshold = 0)
+        out.objective.append(float(np.cumsum(best.values.cpu().numpy(), dtype=np.float32)[-1]))
         sums = torch.zeros_like(centroids).index_add_(0, assign, x)
         counts = torch.bincount(assign, minlength=k).to(x.dtype)
         centroids = sums * torch.where(counts > 0, 1.0 / counts.clamp_min(1), 0.0)[:, None]
         centroids, splits = _split_empty(centroids, counts, n)
         out.splits.append(splits)
         centroids = unit_rows(centroids)
+        if i > 0 and out.objective[-1] == out.objective[-2]:
+            break
     out.centroids = centroids
     return out
 
