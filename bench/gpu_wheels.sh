@@ -5,7 +5,7 @@
 # Versions are this venv's. Run here, in the repository root, with the project's venv active;
 # keep .whl/ out of git (.git/info/exclude) and name it in the device tool's `carry`.
 set -euo pipefail
-pkgs="faiss-cpu mlxtend flwr alembic annotated-types cffi cryptography fastapi
+pkgs="faiss-cpu mlxtend flwr pytest-xdist execnet alembic annotated-types cffi cryptography fastapi
 grpcio-health-checking iterators mako prompt-toolkit pycparser pycryptodome pydantic
 pydantic-core sqlalchemy greenlet starlette tomli tomli-w typing-inspection tzdata uv uvicorn
 wcwidth"
