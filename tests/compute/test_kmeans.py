@@ -31,22 +31,27 @@ def test_the_initial_centroids_are_faiss_rows():
     np.testing.assert_allclose(km.centroids, init, atol=1e-6)
 
 
-@pytest.mark.parametrize("seed", [0, 2, 3])
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_well_separated_assignments_equal_faiss(seed):
-    """12 blobs, 12 clusters: the same centroids and ids. (With data seed 1 faiss's early stop
-    came 5 iterations sooner, an objective equal to the last in float32, while a blob split
-    between two centroids still drifted: 6 of 3,000 rows differ; the module docstring.)"""
+    """12 blobs, 12 clusters: the same cluster ids for every row, the objective within 1e-5.
+    The centroids within 1e-6, or 1e-3 where faiss's early stop (an objective equal to the
+    last in float32) came at another iteration while a blob split between two centroids
+    still drifted (data seeds 2 and 3; the module docstring)."""
     x = _blobs(3000, 32, 12, 0.3, seed)
     km = _faiss(x, 12, 25, 0)
     got = spherical_kmeans(torch.from_numpy(x), 12, 25, 0)
     want = (x @ km.centroids.T).argmax(1)
     np.testing.assert_array_equal((x @ got.centroids.numpy().T).argmax(1), want)  # same ids
-    np.testing.assert_allclose(got.centroids.numpy(), km.centroids, atol=1e-5)
+    assert got.objective[-1] == pytest.approx(km.obj[-1], rel=1e-5)
+    same_stop = len(got.objective) == len(km.iteration_stats)
+    np.testing.assert_allclose(got.centroids.numpy(), km.centroids,
+                               atol=1e-6 if same_stop else 1e-3)
+    assert same_stop or seed in (2, 3)
 
 
 def test_unstructured_data_objective_within_1e5():
     """Random directions (no clusters): the objective within 1e-5 relative of faiss's, and
-    at most 0.2 % of the assignments differ (0 in the runs this was written with)."""
+    at most 0.2 % of the assignments differ (none for data seeds 0-3 when this was written)."""
     x = normalised_f32(np.random.default_rng(2).standard_normal((5120, 64)).astype(np.float32))
     km = _faiss(x, 20, 25, 3)
     got = spherical_kmeans(torch.from_numpy(x), 20, 25, 3)
