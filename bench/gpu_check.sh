@@ -9,6 +9,8 @@
 #   tests     the suite on CUDA (pytest-xdist workers when installed), in what is left of
 #             BUDGET (at least 60 s); the slowest tests and the failures are printed
 #   teachers  bench/gpu_teachers.py (issue 14's teacher rates; not in the default list)
+#   backends  bench/knn_backends.py --M 1000000: CLR and k-means per backend, agreement with
+#             the CPU path (not in the default list)
 # Prepare here: `bash bench/gpu_wheels.sh` (wheels for what the image lacks into .whl/); then
 # one device call: run(command="bash bench/gpu_check.sh", carry=[".whl"], timeout_s=540).
 # Stages can be chosen: `bash bench/gpu_check.sh env tests`. Everything it writes goes under
@@ -63,7 +65,10 @@ print('k-NN / k-means backend:', choose_backend(None))"
     teachers)
       timeout $(left) python3 bench/gpu_teachers.py --K 10 50 --n 65536 \
         --out "$OUT/gpu_teachers.json" ;;
-    *) echo "unknown stage $stage (env compare scale tests teachers)"; exit 2 ;;
+    backends)
+      OMP_NUM_THREADS=$THREADS timeout $(left) python3 bench/knn_backends.py --M 1000000 \
+        --repeats 2 --out "$OUT/knn_backends.json" ;;
+    *) echo "unknown stage $stage (env compare scale tests teachers backends)"; exit 2 ;;
   esac
 done
 echo "=== done $(date -u +%T) in ${SECONDS}s"
