@@ -58,9 +58,10 @@ print('k-NN / k-means backend:', choose_backend(None))"
       budget=$(left); [ "$budget" -lt 60 ] && budget=60
       workers=()
       python3 -c "import xdist" 2>/dev/null && workers=(-n "${WORKERS:-8}" --dist loadfile)
-      timeout "$budget" python3 -m pytest -q -p no:cacheprovider -rfE --durations=15 \
+      # pyproject's addopts give -q: one more would drop the "N passed" line
+      timeout "$budget" python3 -m pytest -p no:cacheprovider -rfE --durations=15 \
         "${workers[@]}" 2>&1 | tee "$OUT/pytest.log" \
-        | grep -E "passed|failed|error|FAILED|ERROR|^[0-9.]+s (call|setup)" | tail -45
+        | grep -E "passed|failed|error|FAILED|ERROR|^[0-9.]+s (call|setup)|%\]$" | tail -45
       echo "tests: ${PIPESTATUS[0]} (124: cut at ${budget}s)" ;;
     teachers)
       timeout $(left) python3 bench/gpu_teachers.py --K 10 50 --n 65536 \
