@@ -1,4 +1,5 @@
-"""mrtf.compute.knn (torch, device "cpu") against faiss-cpu's exact flat indexes."""
+"""mrtf.compute.knn (torch, device "cpu", and CUDA where present) against faiss-cpu's exact
+flat indexes."""
 
 import faiss
 import numpy as np
@@ -8,19 +9,22 @@ import torch
 from mrtf.compute import knn as knn_mod
 from mrtf.compute.knn import knn, nearest_block, topk_block
 
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
 
 def _data(n, dim, seed):
     """Continuous random rows: no two similarities tie, so the neighbours are unique."""
     return np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("metric", ["ip", "l2"])
-def test_knn_equals_faiss_flat(metric):
+def test_knn_equals_faiss_flat(metric, device):
     db, q = _data(900, 24, 0), _data(300, 24, 1)
     index = faiss.IndexFlatIP(24) if metric == "ip" else faiss.IndexFlatL2(24)
     index.add(db)
     want_s, want_i = index.search(q, 7)
-    scores, idx = knn(q, db, 7, "cpu", metric, block=64, db_block=128)
+    scores, idx = knn(q, db, 7, device, metric, block=64, db_block=128)
     np.testing.assert_array_equal(idx, want_i)
     if metric == "ip":  # l2 ranks by 2 q·d - |d|², not the distance faiss reports
         np.testing.assert_allclose(scores, want_s, rtol=1e-5, atol=1e-5)

@@ -54,7 +54,7 @@ def _assert_home(net, moves, params, modes):
     assert [m.training for m in net.modules()] == modes
     assert all(p is q for p, q in zip(net.parameters(), params))
     assert all(p.device.type == "cpu" for p in net.parameters())
-    assert moves and moves[-1] == torch.device("cpu")  # the last move is back home
+    assert moves and moves[-1].type == "cpu"  # the last move is back home
 
 
 CALLS = {
@@ -76,7 +76,7 @@ def test_inference_leaves_the_callers_model_where_it_was(source, caller, device,
     net, moves = caller
     params, modes = list(net.parameters()), _modes(net)
     CALLS[call](net, source, device)
-    assert torch.device(device) in moves  # it did run on the compute device
+    assert torch.device(device).type in [d.type for d in moves]  # it ran on the device
     _assert_home(net, moves, params, modes)
     net(torch.from_numpy(source.read(0, 4)))  # the caller's next CPU forward works
 
@@ -98,7 +98,7 @@ def test_distill_returns_the_student_home_in_eval_mode(source, caller, device):
     targets = np.full((len(source), 10), 0.1, np.float32)
     out = distill(net, source, targets, steps=3, batch_size=16, device=device)
     assert out is net and not net.training
-    assert moves[-1] == torch.device("cpu") and next(net.parameters()).device.type == "cpu"
+    assert moves[-1].type == "cpu" and next(net.parameters()).device.type == "cpu"
 
 
 def test_lent_and_kept_home_restore_on_error(caller):
@@ -111,4 +111,4 @@ def test_lent_and_kept_home_restore_on_error(caller):
     with pytest.raises(RuntimeError), kept_home(net):
         net.to("cpu", torch.float64)
         raise RuntimeError("training failed")
-    assert moves[-1] == torch.device("cpu")
+    assert moves[-1].type == "cpu"

@@ -1,5 +1,5 @@
-"""mrtf.trust.neighbours.target_neighbours on the torch path (device "cpu" here, CUDA on a GPU
-machine) against its numpy path, on real digits."""
+"""mrtf.trust.neighbours.target_neighbours on the torch path (device "cpu", and CUDA where
+present) against its numpy path, on real digits."""
 
 import numpy as np
 import pytest
@@ -16,14 +16,15 @@ def source():
     return ArraySource((load_digits().images[:, None] / 16.0).astype(np.float32))
 
 
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
 @pytest.mark.parametrize("reference", [1000, 300])
-def test_the_same_neighbour_sets_as_numpy(source, monkeypatch, reference):
+def test_the_same_neighbour_sets_as_numpy(source, monkeypatch, reference, device):
     """Every row's set of k neighbours equal (their order within a row is free: the
     consistency signal is a share), except rows whose k-th and (k+1)-th similarities tie
     within 1e-9 (none on digits at these sizes)."""
     want = tn.target_neighbours(source, k=10, reference=reference, block=333, device="cpu")
     monkeypatch.setattr(tn, "choose_backend",
-                        lambda device=None: Backend("torch", torch.device("cpu")))
+                        lambda _=None: Backend("torch", torch.device(device)))
     got = tn.target_neighbours(source, k=10, reference=reference, block=333)
     assert got.dtype == want.dtype == np.int32 and got.shape == want.shape
     differ = [i for i in range(len(got)) if set(got[i]) != set(want[i])]
