@@ -143,21 +143,35 @@ def _pooled_unfold(x: torch.Tensor, k: int) -> torch.Tensor:
     return view.reshape(b, 4, p * q, c * k * k)
 
 
-class _Block:
-    """The stacked weights of ``models`` (one teacher block)."""
+class _Block(nn.Module):
+    """The stacked weights of ``models`` (one teacher block), as buffers: ``.to(device)``
+    moves them all, and a block built from models on a device computes there (issue 36: its
+    pooling buffer was a CPU tensor, so the engine failed on CUDA)."""
 
     def __init__(self, models: Sequence[nn.Module]) -> None:
+        super().__init__()
         c1 = [m.body[0] for m in models]
-        self.w1 = torch.cat([c.weight.detach().flatten(1) for c in c1]).t().contiguous()
-        self.b1 = torch.cat([c.bias.detach() for c in c1])
-        self.w2 = torch.cat([m.body[3].weight.detach() for m in models]).contiguous(
-            memory_format=torch.channels_last)
-        self.b2 = torch.cat([m.body[3].bias.detach() for m in models])
+        self.register_buffer(
+            "w1", torch.cat([c.weight.detach().flatten(1) for c in c1]).t().contiguous())
+        self.register_buffer("b1", torch.cat([c.bias.detach() for c in c1]))
+        self.register_buffer("w2", torch.cat([m.body[3].weight.detach() for m in models])
+                             .contiguous(memory_format=torch.channels_last))
+        self.register_buffer("b2", torch.cat([m.body[3].bias.detach() for m in models]))
         self.pad2 = models[0].body[3].padding
         self.n = len(models)
         lin = [[m.classifier[i] for m in models] for i in (0, 2, 4)]
-        self.fw = [torch.stack([f.weight.detach().t() for f in fs]).contiguous() for fs in lin]
-        self.fb = [torch.stack([f.bias.detach()[None] for f in fs]) for fs in lin]
+        for i, fs in enumerate(lin):
+            self.register_buffer(
+                f"fw{i}", torch.stack([f.weight.detach().t() for f in fs]).contiguous())
+            self.register_buffer(f"fb{i}", torch.stack([f.bias.detach()[None] for f in fs]))
+
+    @property
+    def fw(self) -> list[torch.Tensor]:
+        return [self.fw0, self.fw1, self.fw2]
+
+    @property
+    def fb(self) -> list[torch.Tensor]:
+        return [self.fb0, self.fb1, self.fb2]
 
     def forward(self, u: torch.Tensor, shape: tuple[int, int], rows1: int | None
                 ) -> torch.Tensor:
@@ -166,7 +180,7 @@ class _Block:
         b, _, pq, ck = u.shape
         width = self.w1.shape[1]
         rows1 = rows1 or max(1, GEMM_BUDGET // (4 * pq * width * 4))
-        pooled = torch.empty(b, pq, width)
+        pooled = torch.empty(b, pq, width, dtype=u.dtype, device=u.device)
         for s in range(0, b, rows1):
             e = min(b, s + rows1)
             y = torch.mm(u[s:e].reshape(-1, ck), self.w1).view(e - s, 4, pq, width)
@@ -354,7 +368,8 @@ def stacked_forward(models: Sequence[nn.Module], probe: torch.Tensor,
 
     ``engine`` 'onednn' (blocked-layout oneDNN convs; ``block`` teachers and ``rows2`` images
     per call), 'gemm' (the shared-unfold GEMM; also ``rows1`` images per conv1 GEMM) or 'auto'
-    (oneDNN when its ops exist and agree on ``probe``, else the GEMM path)."""
+    (oneDNN when its ops exist and agree on ``probe``, else the GEMM path). Off the CPU (models
+    and ``probe`` on CUDA) only the GEMM engine runs, on that device."""
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     if probe.dim() != 4 or not eligible(models):
@@ -362,6 +377,10 @@ def stacked_forward(models: Sequence[nn.Module], probe: torch.Tensor,
     conv1 = models[0].body[0]
     if conv1.kernel_size[0] != conv1.kernel_size[1]:
         return None
+    if probe.device.type != "cpu":  # the native kernel and oneDNN are CPU engines
+        if engine not in ("auto", "gemm"):
+            return None
+        engine = "gemm"
     if engine in ("auto", "native"):
         run = _native_run(models, probe)
         if run is not None and _agrees(run, models, probe):
