@@ -21,10 +21,8 @@ prepacked once) read it without reorders; only the pooled 16×4×4 maps come bac
 tensors, gathered for the whole chunk, and each teacher's classifier runs on all its rows as
 three oneDNN inner products (ReLU fused). Why oneDNN throughout: on this AMD CPU (Zen 5, AVX-512)
 MKL's GEMM runs AVX2 code, 92 GFLOP/s for a 2,048² mm where oneDNN's inner product reaches 214;
-the GEMM engine's conv1 GEMM ``(576, 25) @ (25, 800)`` ran 93 against 194. The 1 → 16·n conv
-reaches 173-177 GFLOP/s alone in the blocked layout (4 images), where the same conv ran 44-52
-channels-last, and the grouped conv2 188-198 against 154-191 channels-last (alone; in the
-whole path, beside the other layers' cache traffic, 141 and 173).
+the GEMM engine's conv1 GEMM ``(576, 25) @ (25, 800)`` ran 93 against 194. (The measured
+rates are in docs/benchmarks/scale.md.)
 
 **GEMM engine** (when torch lacks the oneDNN ops): the unfold of a micro-batch laid out by 2×2
 pooling offset, ``(4, rows, 25)``, times all K·16 filters (one MKL GEMM); the max-pool is an
