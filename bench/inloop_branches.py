@@ -24,11 +24,11 @@ import numpy as np
 
 from mrtf.federated.run_config import load_toml
 from mrtf.federated.runner import RunConfig, prepare_run
-from mrtf.refinery import pipeline as pl
 from mrtf.refinery.adaptive import label_diversity
 from mrtf.refinery.distill import distill
+from mrtf.refinery.methods import adaptive as ma
 from mrtf.refinery.shot import ShotSettings, shot_adapt
-from mrtf.refinery.teachers import _softmax_np
+from mrtf.refinery.teachers import _softmax_np, predict_probs
 
 
 def _stats(plan, logits: np.ndarray, nv) -> dict:
@@ -45,16 +45,15 @@ def _stats(plan, logits: np.ndarray, nv) -> dict:
 def instrument(path: Path) -> None:
     """Patch the pipeline so every adaptive refine runs both branches and logs one line."""
     stash: dict = {}
-    novelty = pl._novelty
+    evidence = ma.Adaptive.evidence
 
-    def _novelty(plan, logits, used, config, student_given):
-        nv = novelty(plan, logits, used, config, student_given)
-        stash.update(_stats(plan, logits, nv))
-        return nv
+    def _evidence(self, state):  # the raw logits, before the targets write over them
+        evidence(self, state)
+        stash.update(_stats(state.plan, state.logits.view, state.novelty))
 
-    def _fit(student, source, targets, config, dev, nv):
+    def _fit(student, source, targets, config, dev, nv, *_spilled):
         def labels(m):
-            return pl.predict_probs(m, source, 1024, dev).argmax(1)
+            return predict_probs(m, source, 1024, dev).argmax(1)
         vote = distill(copy.deepcopy(student), source, targets, config.steps,
                        config.batch_size, config.lr, config.seed, dev, config.variant, False)
         shot = shot_adapt(copy.deepcopy(student), source,
@@ -69,7 +68,7 @@ def instrument(path: Path) -> None:
             f.write(json.dumps(row) + "\n")
         return vote  # what the vote branch would send: the run's own labels are the vote's
 
-    pl._novelty, pl.fit_student = _novelty, _fit
+    ma.Adaptive.evidence, ma.fit_student = _evidence, _fit
 
 
 def report(path: Path, cfg: RunConfig, seed: int) -> None:

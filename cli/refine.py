@@ -31,7 +31,7 @@ from mrtf.io.refined import new_student, refined_meta
 from mrtf.progress import log_lines
 from mrtf.refinery import METHODS, RefineConfig, refine
 from mrtf.refinery.neighbour_vote import NEIGHBOURS, check_neighbours
-from mrtf.refinery.streaming import memory_estimate, use_streaming
+from mrtf.refinery.storage import memory_estimate, use_streaming
 from mrtf.trust.selective import check_selection, select
 
 

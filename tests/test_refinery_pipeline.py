@@ -266,7 +266,7 @@ def test_blockwise_targets_equal_whole_array_equations(monkeypatch, method, vari
     import numpy as np
 
     from mrtf.refinery import avg_logit, avg_prob, rectified_targets, stabilized_probs
-    from mrtf.refinery import pipeline as pl
+    from mrtf.refinery import ensemble as pl
 
     rng = np.random.default_rng(0)
     logits = (rng.normal(size=(5, 1100, 4)) * rng.uniform(1, 9, size=(5, 1, 1))).astype(

@@ -12,6 +12,7 @@ from mrtf.refinery.config import RefineConfig
 from mrtf.refinery.distill import distill
 from mrtf.refinery.neighbour_vote import final_probs
 from mrtf.refinery.novelty import Novelty
+from mrtf.refinery.shot import ShotSettings, shot_adapt
 
 
 def fit_student(student: nn.Module, source, targets: np.ndarray, config: RefineConfig,
@@ -21,8 +22,6 @@ def fit_student(student: nn.Module, source, targets: np.ndarray, config: RefineC
     (novelty.py, :func:`settle`; the streaming path keeps SHOT's features in a scratch file in
     ``config.scratch_dir``)."""
     if novelty is not None and novelty.adapt:
-        from mrtf.refinery.shot import ShotSettings, shot_adapt
-
         adapted = shot_adapt(student, source, ShotSettings(steps=config.steps,
                                                            batch_size=config.batch_size),
                              config.seed, dev, config.progress, streaming, config.scratch_dir)
