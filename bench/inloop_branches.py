@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -54,8 +55,8 @@ def instrument(path: Path) -> None:
     def _fit(student, source, targets, config, dev, nv, *_spilled):
         def labels(m):
             return predict_probs(m, source, 1024, dev).argmax(1)
-        vote = distill(copy.deepcopy(student), source, targets, config.steps,
-                       config.batch_size, config.lr, config.seed, dev, config.variant, False)
+        vote = distill(copy.deepcopy(student), source, targets,
+                       replace(config.distill_run(), augment=None), dev)
         shot = shot_adapt(copy.deepcopy(student), source,
                           ShotSettings(steps=config.steps, batch_size=config.batch_size),
                           config.seed, dev)

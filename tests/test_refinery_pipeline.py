@@ -23,7 +23,7 @@ from mrtf.refinery import (
     stabilized_probs,
     teacher_logits,
 )
-from mrtf.refinery.distill import distill
+from mrtf.refinery.distill import DistillRun, distill
 from mrtf.refinery.neighbour_vote import final_probs
 from mrtf.refinery.pipeline import predict_probs
 from mrtf.refinery.shot import ShotSettings, shot_adapt
@@ -169,8 +169,8 @@ def test_adaptive_adapts_the_average_when_the_target_is_new_to_the_parties(demo)
                       seed=0)
     cfg = _cfg(trust=False)
     voted, _ = final_probs(shot, ArraySource(x), cfg.vote_k, 256)
-    settled = distill(copy.deepcopy(shot), ArraySource(x), voted.astype(np.float32), 15, 32,
-                      None, 1000, "cpu", "paper", False, cfg.jitter)
+    settled = distill(copy.deepcopy(shot), ArraySource(x), voted.astype(np.float32),
+                      DistillRun(15, 32, None, 1000, "paper", cfg.jitter), "cpu")
     # the refined model is SHOT's, distilled to its own vote (its labels are its vote again)
     refined = predict_probs(r.model, ArraySource(x), 256)
     np.testing.assert_allclose(refined, predict_probs(settled, ArraySource(x), 256), atol=1e-6)

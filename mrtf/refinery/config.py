@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from mrtf.averaging import parse_aggregate
 from mrtf.errors import InputError
 from mrtf.refinery.augment import DEFAULT_JITTER, Jitter
+from mrtf.refinery.distill import DistillRun
 from mrtf.refinery.neighbour_vote import NEIGHBOURS, check_neighbours
 from mrtf.refinery.prior_choice import CLASS_PRIORS
 from mrtf.refinery.registry import METHOD_SPECS, METHODS, get_method
@@ -96,6 +97,12 @@ class RefineConfig:
     def jitter(self) -> Jitter | None:
         """The student's input jitter: the default for a method that jitters, else None."""
         return DEFAULT_JITTER if self.augment and get_method(self.method).augment else None
+
+    def distill_run(self, seed_offset: int = 0) -> DistillRun:
+        """The distillation's schedule: steps, batch, lr, ``seed + seed_offset``, variant, and
+        the method's jitter."""
+        return DistillRun(self.steps, self.batch_size, self.lr, self.seed + seed_offset,
+                          self.variant, self.jitter)
 
     def validate(self) -> None:
         def bad(cond: bool, msg: str) -> None:

@@ -26,8 +26,7 @@ def fit_student(student: nn.Module, source, targets: np.ndarray, config: RefineC
                                                            batch_size=config.batch_size),
                              config.seed, dev, config.progress, streaming, config.scratch_dir)
         return settle(adapted, source, config, dev)
-    return distill(student, source, targets, config.steps, config.batch_size, config.lr,
-                   config.seed, dev, config.variant, config.progress, config.jitter)
+    return distill(student, source, targets, config.distill_run(), dev, config.progress)
 
 
 def settle(adapted: nn.Module, source, config: RefineConfig, dev: torch.device) -> nn.Module:
@@ -39,6 +38,5 @@ def settle(adapted: nn.Module, source, config: RefineConfig, dev: torch.device) 
         return adapted
     voted, _ = final_probs(adapted, source, config.vote_k, config.inference_batch, dev,
                            config.stack)
-    return distill(adapted, source, voted.astype(np.float32), config.steps, config.batch_size,
-                   config.lr, config.seed + 1000, dev, config.variant, config.progress,
-                   config.jitter)
+    return distill(adapted, source, voted.astype(np.float32), config.distill_run(seed_offset=1000),
+                   dev, config.progress)

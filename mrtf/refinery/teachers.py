@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
+from tqdm import tqdm
 
 from mrtf.device import pick_device
 from mrtf.errors import InputError
@@ -209,8 +210,6 @@ class TeacherChunks:
         self.kinds: list[str] = []
 
     def __iter__(self):
-        from tqdm import tqdm
-
         forwards = None
         bar = tqdm(total=len(self.source), desc=f"teachers ×{len(self.models)}",
                    unit="sample", leave=False, disable=not self.progress)
