@@ -49,8 +49,8 @@ class RefineConfig:
     aggregate : the parameter average θ_{t+1}: 'mean' (weighted by n_samples, the paper),
         'median' (coordinate-wise) or 'trimmed:β' (coordinate-wise trimmed mean), see
         mrtf.averaging.aggregate_states.
-    stream : 'auto' (the streaming refinery, streaming.py, when the in-memory one would hold
-        more than ~768 MB), 'on' or 'off'. Same labels either way.
+    stream : 'auto' (spill the whole-target arrays to scratch files, storage.py, when in
+        memory they would hold more than ~768 MB), 'on' or 'off'. Same labels either way.
     scratch_dir : where streaming puts its scratch folder (removed at the end); None = the
         system's temporary folder. The CLI uses the labels file's folder.
     neighbour_vote : (adaptive only) k of the labels' neighbour vote: each label is the

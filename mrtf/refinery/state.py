@@ -41,8 +41,9 @@ class RefineState:
     None (or empty) until the stage that makes it has run.
 
     used : the received local models whose claims count (train loss for u_t and novelty).
-    logits : the teachers' logits (K, M, C), an array or a spill read as one (storage.py);
-        the adaptive method writes its stabilized softmax over them.
+    logits : the teachers' logits, storage.MemoryLogits or SpilledLogits: ``logits.view`` is
+        (K, M, C), an array or a spill read as one; the adaptive method writes its
+        stabilized softmax over them.
     features : θ_{t+1}'s features (M, D) when the method keeps them.
     before : θ_{t+1}'s (or the student's) softmax (M, C) before refinement.
     factors : each teacher's consensus factor from the party checks (None: all 1).
@@ -65,7 +66,7 @@ class RefineState:
     notes: list[str] = field(default_factory=list)
     teachers: list[nn.Module] = field(default_factory=list)
     storage: Any = None  # storage.MemoryStorage or storage.SpilledStorage
-    logits: Any = None  # storage's TeacherLogits
+    logits: Any = None
     features: Any = None
     before: np.ndarray | None = None
     factors: list[float] | None = None

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from typing import Protocol
 
 import numpy as np
 
@@ -25,6 +26,7 @@ from mrtf.refinery.cluster import _one_blas_thread, one_hot
 from mrtf.refinery.consensus import (
     Consensus,
     MemoryVotes,
+    Votes,
     confusion,
     confusions,
     em,
@@ -67,9 +69,25 @@ def live_sources(lo: np.ndarray, hi: np.ndarray, m: int, tol: float = 1e-6) -> l
     return [i for i in range(len(lo)) if not (m > 1 and float((hi[i] - lo[i]).max()) <= tol)]
 
 
+class ModelVotes(Protocol):
+    """The votes of one consensus (adaptive.measured_consensus) as its storage keeps them:
+    ``votes()`` for the EM loop (consensus.Votes), ``start(nl)`` → (the normalised AvgProb of
+    the first ``nl`` live sources (Eq. 7), its mean max: the bar EM must clear),
+    ``fallback(log_likelihood)`` → the AvgProb itself as a Consensus, and
+    ``with_clusters(assign, n)`` → the same votes plus the one-hot cluster view."""
+
+    def votes(self) -> Votes: ...
+
+    def start(self, nl: int) -> tuple[np.ndarray, float]: ...
+
+    def fallback(self, log_likelihood: float) -> Consensus: ...
+
+    def with_clusters(self, assign: np.ndarray, n: int) -> ModelVotes: ...
+
+
 class MemoryModelVotes:
     """The live sources' (debiased) views, whole, and optionally the cluster view: the votes
-    of one consensus in memory, with its AvgProb start (Eq. 7) and its fall-back."""
+    of one consensus in memory (a :class:`ModelVotes`)."""
 
     def __init__(self, models: list[np.ndarray], clusters: np.ndarray | None = None) -> None:
         self.models, self.cluster_view = models, clusters
@@ -115,7 +133,8 @@ class MemoryProbs:
 
 
 class BlockViews:
-    """The live sources' votes for a block of rows, read from the (M, S, C) spill: one
+    """A :class:`ModelVotes` on the spill, and its own consensus.Votes. The live sources'
+    votes for a block of rows, read from the (M, S, C) spill: one
     (m, L·C) float64 matrix (L live sources side by side, so that each EM half is one GEMM
     for all of them), plus the cluster view's (M,) assignments (one-hot, A = ``clusters``).
     The models' evidence Σ_v λ_v V_v log π_vᵀ is one GEMM against their stacked
@@ -126,6 +145,7 @@ class BlockViews:
                  clusters: int = 0, post: np.ndarray | None = None) -> None:
         self.probs, self.live, self.assign, self.clusters = probs, list(live), assign, clusters
         self.post = post  # the posterior buffer (M, C) float64, shared by with_clusters
+        self._nl = 0  # the local models among the live sources, as start() was told
 
     def blocks(self, m: int) -> Iterable[tuple[int, int]]:
         return [(s, s + BLOCK) for s in range(0, m, BLOCK)]
@@ -166,7 +186,6 @@ class BlockViews:
         out = [both[:, i:i + c] for i in range(0, both.shape[1], c)]
         return out + ([t.T @ hot] if hot is not None else [])
 
-    # the consensus' start and fall-back, as MemoryModelVotes
     def with_clusters(self, assign: np.ndarray, n: int) -> BlockViews:
         return BlockViews(self.probs, self.live, assign, n, self.post)
 
