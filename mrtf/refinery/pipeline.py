@@ -27,20 +27,19 @@ from torch import nn
 
 from mrtf.device import pick_device
 from mrtf.refinery import methods  # noqa: F401 - registers the built-in methods
-from mrtf.refinery.config import METHOD_SPECS, METHODS, REF_STD_BATCH, VARIANTS, RefineConfig
-from mrtf.refinery.ensemble import TARGET_CHUNK, ensemble_targets
-from mrtf.refinery.plan import check_fits, check_parties, plan_models
+from mrtf.refinery.config import METHOD_SPECS, METHODS, VARIANTS, RefineConfig
+from mrtf.refinery.ensemble import ensemble_targets
+from mrtf.refinery.plan import check_fits, check_parties, newest_locals, plan_models
 from mrtf.refinery.registry import get_method
 from mrtf.refinery.report import RefineResult, accuracy_of, report
 from mrtf.refinery.state import RefineState
 from mrtf.refinery.storage import open_storage
 from mrtf.refinery.teach import teach
-from mrtf.refinery.teachers import newest_locals, predict_probs
+from mrtf.refinery.teachers import predict_probs
 from mrtf.refinery.trusted import attach_consensus, local_signals
 
-__all__ = ["METHODS", "METHOD_SPECS", "REF_STD_BATCH", "TARGET_CHUNK", "VARIANTS",
-           "RefineConfig", "RefineResult", "accuracy_of", "check_fits", "ensemble_targets",
-           "newest_locals", "predict_probs", "refine"]
+__all__ = ["METHODS", "METHOD_SPECS", "VARIANTS", "RefineConfig", "RefineResult", "accuracy_of",
+           "check_fits", "ensemble_targets", "newest_locals", "predict_probs", "refine"]
 
 
 def refine(received, source, config: RefineConfig | None = None,
