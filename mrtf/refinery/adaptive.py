@@ -277,7 +277,7 @@ def source_report(final: Consensus, names: Sequence[str], weights: Sequence[floa
                   num_classes: int, confidence: float, lam: float, clustered: bool
                   ) -> list[SourceTrust]:
     """One SourceTrust per live source (in consensus order) and, with a cluster view, why the
-    clusters counted what they did; shared with the streaming consensus."""
+    clusters counted what they did."""
     sources = []
     for j, name in enumerate(names):
         acc = final.estimated_accuracy(j)

@@ -19,7 +19,7 @@ def fit_student(student: nn.Module, source, targets: np.ndarray, config: RefineC
                 dev: torch.device, novelty: Novelty | None, streaming: bool = False) -> nn.Module:
     """Distil ``targets`` into ``student`` (Eq. 1-2), or, when the target is new to the
     parties, adapt it to the target with SHOT under the same step budget and settle it
-    (novelty.py, :func:`settle`; the streaming path keeps SHOT's features in a scratch file in
+    (novelty.py, :func:`settle`; over spilled storage SHOT keeps its features in a scratch file in
     ``config.scratch_dir``)."""
     if novelty is not None and novelty.adapt:
         adapted = shot_adapt(student, source, ShotSettings(steps=config.steps,

@@ -34,17 +34,6 @@ from mrtf.refinery.novelty import target_novelty
 from mrtf.refinery.state import RefineState
 from mrtf.refinery.votes import SourceStats
 
-#: the steps above, in order: (README step, name, the hook that runs it)
-STEPS = (
-    (1, "sources", "targets"),
-    (2, "consensus", "targets"),
-    (3, "clusters", "targets"),
-    (4, "class prior", "targets"),
-    (5, "vote or adapt", "evidence, fit"),
-    (6, "distil with jitter", "fit"),
-    (7, "neighbour vote", "vote"),
-)
-
 
 class Adaptive(Distilled):
     name = "adaptive"
