@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+import tqdm
 from torch import nn
-from tqdm import tqdm
 
 from mrtf.device import pick_device
 from mrtf.errors import FusionError
@@ -152,5 +152,6 @@ def distill(student: nn.Module, source, targets: np.ndarray, run: DistillRun | N
 def _bar(steps: int, progress: bool):
     if not progress:
         return None
-    return tqdm(total=steps, desc="distill", unit="step", leave=False)
+    # tqdm.tqdm looked up now: mrtf.progress.log_lines swaps it for plain log lines
+    return tqdm.tqdm(total=steps, desc="distill", unit="step", leave=False)
 

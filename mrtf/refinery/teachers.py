@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import tqdm
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
-from tqdm import tqdm
 
 from mrtf.device import pick_device
 from mrtf.errors import InputError
@@ -211,7 +211,8 @@ class TeacherChunks:
 
     def __iter__(self):
         forwards = None
-        bar = tqdm(total=len(self.source), desc=f"teachers ×{len(self.models)}",
+        # tqdm.tqdm looked up now: mrtf.progress.log_lines swaps it for plain log lines
+        bar = tqdm.tqdm(total=len(self.source), desc=f"teachers ×{len(self.models)}",
                    unit="sample", leave=False, disable=not self.progress)
         with bar:
             for start, chunk in prefetched(host_chunks(self.source, self.batch_size,
