@@ -122,7 +122,7 @@ class RefineConfig:
         bad(self.stack not in STACK_MODES, f"stack must be one of {STACK_MODES}")
         bad(self.class_prior not in CLASS_PRIORS, f"class prior must be one of "
             f"{', '.join(CLASS_PRIORS)}, got {self.class_prior!r}")
-        takers = [m.name for m in METHOD_SPECS.values() if m.class_prior]
+        takers = [m.name for m in METHOD_SPECS.values() if m.takes_class_prior]
         bad(self.class_prior == "uniform" and self.method not in takers,
             f"--class-prior {self.class_prior} applies to the {' and '.join(takers)} method "
             f"only, not {self.method}")

@@ -25,7 +25,7 @@ class Method:
     vote : the labels are the refined model's neighbour vote (neighbour_vote.py).
     augment : the student's inputs are jittered while it distils (augment.py).
     trust_default : the party reliability checks run unless ``--trust`` says otherwise.
-    class_prior : ``--class-prior`` other than 'auto' applies to it.
+    takes_class_prior : ``--class-prior uniform`` applies to it (the default's consensus).
     uses_u_t : its targets read Eq. 10's u_t (a note says when it falls back).
 
     Hooks (state: pipeline.RefineState), overridden by the methods (methods/base.py has the
@@ -40,7 +40,7 @@ class Method:
     vote: bool = False
     augment: bool = False
     trust_default: bool = False
-    class_prior: bool = False
+    takes_class_prior: bool = False
     uses_u_t: bool = False
 
     def teacher_list(self, locals_: list, start: Any, self_model: Any) -> list:

@@ -46,7 +46,7 @@ class Adaptive(Distilled):
     vote = True  # step 7
     augment = True  # step 6
     trust_default = True
-    class_prior = True
+    takes_class_prior = True
 
     def evidence(self, state: RefineState) -> None:
         """Step 5's choice, from the local models' entropy on the target against the losses
