@@ -90,7 +90,7 @@ BASELINES = ("fedavg", "ensemble", "feddf", "st")
 def other_branch() -> Iterator[None]:
     """Within: the default takes the branch it would not (novelty.py's choice reversed: adapt
     where it votes, vote where it adapts)."""
-    import mrtf.refinery.pipeline as pl
+    import mrtf.refinery.methods.adaptive as pl
 
     orig = pl.target_novelty
 

@@ -31,7 +31,8 @@ from mrtf.io.refined import new_student, refined_meta
 from mrtf.progress import log_lines
 from mrtf.refinery import METHODS, RefineConfig, refine
 from mrtf.refinery.neighbour_vote import NEIGHBOURS, check_neighbours
-from mrtf.refinery.streaming import memory_estimate, use_streaming
+from mrtf.refinery.registry import method_help
+from mrtf.refinery.storage import memory_estimate, use_streaming
 from mrtf.trust.selective import check_selection, select
 
 
@@ -47,9 +48,7 @@ from mrtf.trust.selective import check_selection, select
               help="Write the labels as CSV too: id (the file name, or the row), label, "
                    "confidence.")
 @click.option("--method", type=click.Choice(METHODS), default="adaptive", show_default=True,
-              help="adaptive (every source weighted by its measured trust; the default), "
-                   "fedavg (average only), feddf (AvgLogit), st, st+rd, mrtf (the paper: "
-                   "st+rd+clr).")
+              help=method_help())
 @click.option("--variant", type=click.Choice(["paper", "reference"]), default="paper",
               show_default=True, help="Follow the paper, or the authors' public code.")
 @click.option("--steps", type=int, default=None,

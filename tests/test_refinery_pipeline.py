@@ -23,7 +23,7 @@ from mrtf.refinery import (
     stabilized_probs,
     teacher_logits,
 )
-from mrtf.refinery.distill import distill
+from mrtf.refinery.distill import DistillRun, distill
 from mrtf.refinery.neighbour_vote import final_probs
 from mrtf.refinery.pipeline import predict_probs
 from mrtf.refinery.shot import ShotSettings, shot_adapt
@@ -169,8 +169,8 @@ def test_adaptive_adapts_the_average_when_the_target_is_new_to_the_parties(demo)
                       seed=0)
     cfg = _cfg(trust=False)
     voted, _ = final_probs(shot, ArraySource(x), cfg.vote_k, 256)
-    settled = distill(copy.deepcopy(shot), ArraySource(x), voted.astype(np.float32), 15, 32,
-                      None, 1000, "cpu", "paper", False, cfg.jitter)
+    settled = distill(copy.deepcopy(shot), ArraySource(x), voted.astype(np.float32),
+                      DistillRun(15, 32, None, 1000, "paper", cfg.jitter), "cpu")
     # the refined model is SHOT's, distilled to its own vote (its labels are its vote again)
     refined = predict_probs(r.model, ArraySource(x), 256)
     np.testing.assert_allclose(refined, predict_probs(settled, ArraySource(x), 256), atol=1e-6)
@@ -266,7 +266,7 @@ def test_blockwise_targets_equal_whole_array_equations(monkeypatch, method, vari
     import numpy as np
 
     from mrtf.refinery import avg_logit, avg_prob, rectified_targets, stabilized_probs
-    from mrtf.refinery import pipeline as pl
+    from mrtf.refinery import ensemble as pl
 
     rng = np.random.default_rng(0)
     logits = (rng.normal(size=(5, 1100, 4)) * rng.uniform(1, 9, size=(5, 1, 1))).astype(

@@ -1,4 +1,4 @@
-"""The streaming refinery (streaming.py) gives the in-memory path's labels."""
+"""The refinery over spilled storage (storage.py, ``--stream on``) gives the in-memory labels."""
 
 import numpy as np
 import pytest
@@ -7,9 +7,9 @@ from mrtf.data import load_builtin
 from mrtf.io.bundles import load_received
 from mrtf.io.hdf5 import ArraySource
 from mrtf.refinery import RefineConfig, refine
-from mrtf.refinery import pipeline as pl
-from mrtf.refinery import streaming_adaptive as sa
+from mrtf.refinery import ensemble as pl
 from mrtf.refinery import teachers as tm
+from mrtf.refinery import votes as sa
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
-"""Block-wise Dawid-Skene (streaming_adaptive.py) against consensus.dawid_skene."""
+"""Block-wise Dawid-Skene (votes.py, spilled storage) against consensus.dawid_skene."""
 
 import numpy as np
 
-from mrtf.refinery import streaming_adaptive as sa
+from mrtf.refinery import votes as sa
 from mrtf.refinery.consensus import dawid_skene
 from mrtf.refinery.spill import Scratch
 

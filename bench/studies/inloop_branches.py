@@ -21,6 +21,7 @@ import argparse
 import copy
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: harness and the benchmarks
@@ -29,10 +30,11 @@ from harness import softmax  # noqa: E402
 
 from mrtf.federated.run_config import load_toml  # noqa: E402
 from mrtf.federated.runner import RunConfig, prepare_run  # noqa: E402
-from mrtf.refinery import pipeline as pl  # noqa: E402
 from mrtf.refinery.adaptive import label_diversity  # noqa: E402
 from mrtf.refinery.distill import distill  # noqa: E402
+from mrtf.refinery.methods import adaptive as ma  # noqa: E402
 from mrtf.refinery.shot import ShotSettings, shot_adapt  # noqa: E402
+from mrtf.refinery.teachers import predict_probs  # noqa: E402
 
 
 def _stats(plan, logits: np.ndarray, nv) -> dict:
@@ -49,18 +51,17 @@ def _stats(plan, logits: np.ndarray, nv) -> dict:
 def instrument(path: Path) -> None:
     """Patch the pipeline so every adaptive refine runs both branches and logs one line."""
     stash: dict = {}
-    novelty = pl._novelty
+    evidence = ma.Adaptive.evidence
 
-    def _novelty(plan, logits, used, config, student_given):
-        nv = novelty(plan, logits, used, config, student_given)
-        stash.update(_stats(plan, logits, nv))
-        return nv
+    def _evidence(self, state):  # the raw logits, before the targets write over them
+        evidence(self, state)
+        stash.update(_stats(state.plan, state.logits.view, state.novelty))
 
-    def _fit(student, source, targets, config, dev, nv):
+    def _fit(student, source, targets, config, dev, nv, *_spilled):
         def labels(m):
-            return pl.predict_probs(m, source, 1024, dev).argmax(1)
-        vote = distill(copy.deepcopy(student), source, targets, config.steps,
-                       config.batch_size, config.lr, config.seed, dev, config.variant, False)
+            return predict_probs(m, source, 1024, dev).argmax(1)
+        vote = distill(copy.deepcopy(student), source, targets,
+                       replace(config.distill_run(), augment=None), dev)
         shot = shot_adapt(copy.deepcopy(student), source,
                           ShotSettings(steps=config.steps, batch_size=config.batch_size),
                           config.seed, dev)
@@ -73,7 +74,7 @@ def instrument(path: Path) -> None:
             f.write(json.dumps(row) + "\n")
         return vote  # what the vote branch would send: the run's own labels are the vote's
 
-    pl._novelty, pl.fit_student = _novelty, _fit
+    ma.Adaptive.evidence, ma.fit_student = _evidence, _fit
 
 
 def report(path: Path, cfg: RunConfig, seed: int) -> None:

@@ -25,6 +25,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: harness and the benchmarks
@@ -85,8 +86,7 @@ def one(where: Path) -> dict:
         theta = refine(rs, src, RefineConfig(method="fedavg", progress=False)).model
         for name, start in (("cont", first.model), ("restart", theta)):
             model = distill(copy.deepcopy(start), src, first.probs.astype(np.float32),
-                            cfg.steps, cfg.batch_size, cfg.lr, seed + 1000,
-                            torch.device("cpu"), cfg.variant, False, cfg.jitter)
+                            replace(cfg.distill_run(), seed=seed + 1000), torch.device("cpu"))
             probs, _ = final_probs(model, src, cfg.vote_k)
             row[name] = float((probs.argmax(1) == y).mean())
     return row

@@ -1,6 +1,7 @@
 """MrTF model refinery (transductive path): stabilized teachers (Eq. 3-7), rectified
 distillation (Eq. 10), clustered label refinery (Eq. 11-12), distillation (Eq. 1-2); and the
-SHOT source-free adaptation baseline (shot.py)."""
+SHOT source-free adaptation baseline (shot.py). ``refine`` is one pipeline of named stages
+(pipeline.py); each method a registered object (registry.py, methods/)."""
 
 from mrtf.refinery.cluster import prototype_targets, prototype_targets_dense, prototypes
 from mrtf.refinery.distill import DistillSettings, distill, soft_cross_entropy
@@ -16,6 +17,7 @@ from mrtf.refinery.pipeline import (
     refine,
 )
 from mrtf.refinery.rectify import entropy, entropy_weights, rectified_targets, u_t
+from mrtf.refinery.registry import Method, get_method, register_method
 from mrtf.refinery.shot import ShotSettings, shot_adapt, shot_pseudo_labels
 from mrtf.refinery.teachers import (
     TeacherOutputs,
@@ -28,8 +30,8 @@ from mrtf.refinery.teachers import (
 )
 
 __all__ = [
-    "METHODS", "VARIANTS", "DistillSettings", "RefineConfig", "RefineResult", "ShotSettings",
-    "TeacherOutputs",
+    "METHODS", "VARIANTS", "DistillSettings", "Method", "RefineConfig", "RefineResult",
+    "ShotSettings", "TeacherOutputs", "get_method", "register_method",
     "accuracy_of", "avg_logit", "avg_prob", "check_fits", "distill", "entropy",
     "ensemble_targets", "entropy_weights", "newest_locals",
     "group_by_arch", "predict_probs", "prototype_targets", "prototype_targets_dense",

@@ -39,9 +39,23 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mrtf.refinery.cluster import kmeans_view
-from mrtf.refinery.consensus import Consensus, confusion, dawid_skene
+from mrtf.refinery.cluster import kmeans_assign
+from mrtf.refinery.consensus import Consensus, em
+from mrtf.refinery.debias import (
+    DEBIAS_SCALE,
+    debias,
+    debias_strength,
+    histogram_diversity,
+    label_diversity,
+    strength_of_counts,
+)
 from mrtf.refinery.prior_choice import CLASS_PRIORS, PriorChoice, choose_prior
+from mrtf.refinery.votes import MemoryProbs, SourceStats, live_sources
+
+__all__ = ["CLUSTER_CAP", "CLUSTER_SCALE", "DEBIAS_SCALE", "SELF_WEIGHT", "AdaptiveTargets",
+           "ConsensusInputs", "SourceTrust", "adaptive_targets", "cluster_weight",
+           "consensus_targets", "debias", "debias_strength", "estimated_accuracy",
+           "histogram_diversity", "input_independent", "label_diversity"]
 
 #: λ = min(CLUSTER_CAP, (1 - confidence) / CLUSTER_SCALE), confidence = the models' consensus'
 #: mean max posterior. Chosen on the label-quality grid: clusters help where the models' own
@@ -51,9 +65,6 @@ CLUSTER_SCALE = 0.05
 CLUSTER_CAP = 3.0
 #: total weight of the self-teachers θ_t and θ_{t+1} in the consensus (a local model counts 1)
 SELF_WEIGHT = 1.5
-#: strength of the class-bias correction s = min(1, h / DEBIAS_SCALE), h = the sources' mean
-#: normalised entropy of their predicted-label histogram (see ``debias``; class_prior uniform)
-DEBIAS_SCALE = 0.2
 
 
 @dataclass
@@ -97,57 +108,6 @@ def input_independent(probs: np.ndarray, tol: float = 1e-6) -> bool:
     return len(probs) > 1 and float(np.ptp(probs, axis=0).max()) <= tol
 
 
-def label_diversity(probs: np.ndarray) -> float:
-    """Normalised entropy (0..1) of the histogram of a source's predicted labels (M, C):
-    0 when it names one class for every sample, 1 when it names every class equally often."""
-    m, c = probs.shape
-    return histogram_diversity(np.bincount(probs.argmax(1), minlength=c))
-
-
-def histogram_diversity(counts: np.ndarray) -> float:
-    """label_diversity from the counts (C,) of each predicted label (block-wise callers)."""
-    c = len(counts)
-    hist = np.asarray(counts, dtype=np.float64) / max(1.0, float(np.sum(counts)))
-    hist = hist[hist > 0]
-    return float(-(hist * np.log(hist)).sum() / np.log(c)) if c > 1 else 0.0
-
-
-def debias(probs: np.ndarray, strength: float, mean: np.ndarray | None = None) -> np.ndarray:
-    """A source's class bias divided out: q'(c|x) ∝ q(c|x) / (mean_x q(c|x))^s, (M, C) float32.
-
-    A model moved to another domain (digits → MNIST) or trained on few classes names a few
-    classes far more often than the target holds them, and its Eq. 6 probabilities still rank
-    the samples within each class. Dividing by its mean prediction (the prior correction of
-    Saerens et al. 2002 toward a uniform class prior, what MrTF's per-class prototypes and
-    SHOT's diversity term assume too) lets its second choices count. A source that names one
-    class everywhere has no ranking left to expose, so the strength follows the sources'
-    label diversity (``debias_strength``).
-
-    Measured (bench/label_quality.py cells, targets before distillation, 3 seeds): +2.6 points
-    on the balanced grid (digits→mnist5k +7.1, label:2 one-shot +4.9), but -5.4 on the same
-    targets subsampled to skewed classes (class c kept with probability 0.6^c; 50 rounds
-    -7.0). The models' outputs cannot tell a domain shift from a skewed target, so it is
-    applied when the user states it (``class_prior="uniform"``) or when the target's own
-    neighbourhoods prefer its labels (``class_prior="auto"``, the default: prior_choice.py).
-
-    mean: the source's mean prediction (C,) over all M samples, for a caller that has only
-    a block of ``probs`` (the streaming path); summed in float64 either way, so a block-wise
-    sum gives the same float32 result."""
-    if strength <= 0:
-        return probs
-    if mean is None:
-        mean = probs.mean(0, dtype=np.float64)
-    r = probs / np.maximum(np.asarray(mean, np.float64), 1e-8) ** strength
-    return (r / r.sum(1, keepdims=True)).astype(np.float32)
-
-
-def debias_strength(views: Sequence[np.ndarray], scale: float = DEBIAS_SCALE) -> float:
-    """s = min(1, mean label diversity / scale): full correction once the sources name
-    several classes (h ≥ 0.2), none when every source names one class for everything."""
-    h = float(np.mean([label_diversity(v) for v in views])) if len(views) else 0.0
-    return float(min(1.0, h / scale))
-
-
 def cluster_weight(confidence: float, scale: float = CLUSTER_SCALE,
                    cap: float = CLUSTER_CAP) -> float:
     """λ of the cluster view from the models' consensus confidence (see module docstring)."""
@@ -162,41 +122,69 @@ def _verdict(acc: float, num_classes: int) -> str:
     return "near chance: its votes carry almost no weight"
 
 
+@dataclass
+class ConsensusInputs:
+    """What the consensus needs beside the sources' softmax. names: one per source, in its
+    order. self_probs (M, C): θ_{t+1}'s (or the student's) softmax, the fall-back target.
+    features (M, D): θ_{t+1}'s features for the cluster view (an array or a spill read by row
+    slices), or None (no cluster view). num_local: how many of the sources (the first) are
+    local models (default: all but the last two, θ_t and θ_{t+1}). class_prior: see
+    :func:`adaptive_targets`. source_weights: optional factor per source (S,) on its
+    consensus weight, e.g. 0.5 for a party mrtf.trust.reliability down-weighted (default:
+    all 1). neighbours (M, k): each sample's nearest target samples in the target's own input
+    space (mrtf.trust.neighbours.target_neighbours), for class_prior "auto"."""
+
+    names: Sequence[str]
+    self_probs: np.ndarray
+    features: object = None
+    seed: int = 0
+    num_local: int | None = None
+    class_prior: str = "auto"
+    source_weights: Sequence[float] | None = None
+    neighbours: np.ndarray | None = None
+
+
 def adaptive_targets(probs: np.ndarray, names: Sequence[str], self_probs: np.ndarray,
                      features: np.ndarray | None, seed: int = 0,
-                     num_local: int | None = None,
-                     class_prior: str = "auto",
-                     source_weights: Sequence[float] | None = None,
+                     num_local: int | None = None, class_prior: str = "auto",
                      neighbours: np.ndarray | None = None) -> AdaptiveTargets:
     """Targets from every source, weighted by what the target set says about each.
 
-    probs (S, M, C): the sources' stabilized softmax (Eq. 6), in the order of ``names``.
-    self_probs (M, C): θ_{t+1}'s (or the student's) softmax, the fall-back target.
-    features (M, D): θ_{t+1}'s features for the cluster view, or None (no cluster view).
-    num_local: how many of the sources (the first) are local models (default: all but the
-        last two, θ_t and θ_{t+1}).
+    probs (S, M, C): the sources' stabilized softmax (Eq. 6), in the order of ``names``,
+    in memory (the refinery calls :func:`consensus_targets`, which also reads a spill).
     class_prior: "auto" (default): the consensus is formed under both priors below and the
         one whose labels follow the target's ``neighbours`` better than chance by more is
-        kept (prior_choice.py;
-        without neighbours, "learned"); "learned": the consensus learns the class
-        frequencies; "uniform": each source's class bias is divided out first (``debias``),
-        for targets known to hold every class about equally often.
-    source_weights: optional factor per source (S,) on its consensus weight, e.g. 0.5 for a
-        party mrtf.trust.reliability down-weighted (default: all 1).
-    neighbours (M, k): each sample's nearest target samples in the target's own input space
-        (mrtf.trust.neighbours.target_neighbours), for class_prior "auto".
+        kept (prior_choice.py; without neighbours, "learned"); "learned": the consensus
+        learns the class frequencies; "uniform": each source's class bias is divided out
+        first (``debias``), for targets known to hold every class about equally often.
+    The rest as :class:`ConsensusInputs`.
     """
-    if class_prior not in CLASS_PRIORS:
-        raise ValueError(f"class_prior must be one of {CLASS_PRIORS}, got {class_prior!r}")
-    live = [i for i in range(len(probs)) if not input_independent(probs[i])]
-    dead = [SourceTrust(names[i], 0.0, None, "left out: the same output for every sample "
-                        "(no information)") for i in range(len(probs)) if i not in live]
-    if not live:
-        return AdaptiveTargets(np.asarray(self_probs, np.float32), dead)
-    clusters = Clusters(features, probs.shape[2], seed)
-    return keep_one([_one_prior(probs, names, live, dead, num_local, source_weights, clusters,
-                                prior) for prior in priors_to_form(class_prior, neighbours)],
-                    neighbours)
+    stats = SourceStats(probs.shape[0], probs.shape[2])
+    stats.add(probs)
+    return consensus_targets(MemoryProbs(probs), stats, ConsensusInputs(
+        names, self_probs, features, seed, num_local, class_prior, None, neighbours))
+
+
+def consensus_targets(store, stats: SourceStats, inputs: ConsensusInputs) -> AdaptiveTargets:
+    """Steps 1-4 of the default (README "How adaptive works"), on the sources' softmax where
+    the storage keeps it (votes.MemoryProbs or votes.SpilledProbs) with each source's
+    whole-M statistics ``stats``: dead sources left out (1), the Dawid-Skene consensus of the
+    rest (2) with the cluster view (3), under each class prior to form, keeping one (4)."""
+    if inputs.class_prior not in CLASS_PRIORS:
+        raise ValueError(f"class_prior must be one of {CLASS_PRIORS}, got "
+                         f"{inputs.class_prior!r}")
+    with store.context():
+        live = live_sources(stats.lo, stats.hi, store.m)
+        dead = [SourceTrust(inputs.names[i], 0.0, None, "left out: the same output for every "
+                            "sample (no information)") for i in range(store.sources)
+                if i not in live]
+        if not live:
+            return AdaptiveTargets(np.asarray(inputs.self_probs, np.float32), dead)
+        clusters = Clusters(inputs.features, store.classes, inputs.seed)
+        # learned first: on a spill the uniform prior rewrites the softmax in place
+        return keep_one([_one_prior(store, stats, inputs, live, dead, clusters, prior)
+                         for prior in priors_to_form(inputs.class_prior, inputs.neighbours)],
+                        inputs.neighbours)
 
 
 def priors_to_form(class_prior: str, neighbours: np.ndarray | None) -> tuple[str, ...]:
@@ -237,10 +225,11 @@ def model_weights(live: Sequence[int], num_sources: int, num_local: int | None,
 
 class Clusters:
     """The cluster view (k-means of θ_{t+1}'s features into 2C clusters), made once and only
-    when asked: it does not depend on the class prior. ``make(features, k, seed)`` builds it
-    (kmeans_view here, the block-wise kmeans_assign on the streaming path)."""
+    when asked: it does not depend on the class prior. ``get()`` gives (assignments (M,),
+    clusters n); ``make(features, k, seed)`` builds them (cluster.kmeans_assign, which reads
+    an array or a spill alike)."""
 
-    def __init__(self, features, c: int, seed: int, make: Callable = kmeans_view) -> None:
+    def __init__(self, features, c: int, seed: int, make: Callable = kmeans_assign) -> None:
         self.features, self.c, self.seed, self.make, self._made = features, c, seed, make, None
         self.usable = features is not None and len(features) > c
 
@@ -250,24 +239,36 @@ class Clusters:
         return self._made
 
 
-def _one_prior(probs: np.ndarray, names: Sequence[str], live: list[int],
-               dead: list[SourceTrust], num_local: int | None,
-               source_weights: Sequence[float] | None, clusters: Clusters, class_prior: str
+def measured_consensus(votes, nl: int, weights: list[float]) -> Consensus:
+    """Dawid-Skene from the sources' AvgProb (Eq. 7). EM can drift to its uninformative fixed
+    point (every confusion row alike, posterior = prior) when the votes are flat; a consensus
+    less sure than the AvgProb it started from is that case, and the AvgProb is kept. (On the
+    24 received sets of the label-quality grid EM always ended surer than it started. Starting
+    from several points and keeping the likeliest consensus was worse there: 0.606 against
+    0.627 mean target accuracy; the votes are not independent given the class, as the model
+    assumes, so its likelihood is a poor judge.)"""
+    post, bar = votes.start(nl)
+    out = em(votes.votes(), post, weights)
+    if out.mean_max_posterior >= bar:
+        return out
+    return votes.fallback(out.log_likelihood)
+
+
+def _one_prior(store, stats: SourceStats, inputs: ConsensusInputs, live: list[int],
+               dead: list[SourceTrust], clusters: Clusters, class_prior: str
                ) -> AdaptiveTargets:
-    """adaptive_targets under one class prior ("learned" or "uniform")."""
-    c = probs.shape[2]
-    strength = debias_strength([probs[i] for i in live]) if class_prior == "uniform" else 0.0
-    views = [debias(probs[i], strength) for i in live]
-    nl, w_models = model_weights(live, len(probs), num_local, source_weights)
-    init = np.mean(views[:nl] if nl else views, axis=0)  # the local models' AvgProb (Eq. 7)
-    models = _consensus(views, init, w_models)
+    """consensus_targets under one class prior ("learned" or "uniform")."""
+    strength = strength_of_counts(stats.counts, live) if class_prior == "uniform" else 0.0
+    votes = store.model_votes(live, strength, stats)
+    nl, w_models = model_weights(live, store.sources, inputs.num_local, inputs.source_weights)
+    models = measured_consensus(votes, nl, w_models)
     conf = models.mean_max_posterior
     lam = cluster_weight(conf) if clusters.usable else 0.0
     final = models
     if lam > 0:
-        final = _consensus(views + [clusters.get()], init, w_models + [lam])
-    sources = source_report(final, [names[i] for i in live], w_models, c, conf, lam,
-                            clusters.features is not None)
+        final = measured_consensus(votes.with_clusters(*clusters.get()), nl, w_models + [lam])
+    sources = source_report(final, [inputs.names[i] for i in live], w_models, store.classes,
+                            conf, lam, clusters.features is not None)
     return AdaptiveTargets(final.posterior.astype(np.float32), sources + dead, conf, lam, final,
                            strength)
 
@@ -276,7 +277,7 @@ def source_report(final: Consensus, names: Sequence[str], weights: Sequence[floa
                   num_classes: int, confidence: float, lam: float, clustered: bool
                   ) -> list[SourceTrust]:
     """One SourceTrust per live source (in consensus order) and, with a cluster view, why the
-    clusters counted what they did; shared with the streaming consensus."""
+    clusters counted what they did."""
     sources = []
     for j, name in enumerate(names):
         acc = final.estimated_accuracy(j)
@@ -286,23 +287,6 @@ def source_report(final: Consensus, names: Sequence[str], weights: Sequence[floa
     if clustered:
         sources.append(SourceTrust("clusters", round(lam, 3), None, reason))
     return sources
-
-
-def _consensus(views: list[np.ndarray], init: np.ndarray,
-               weights: list[float] | None = None) -> Consensus:
-    """Dawid-Skene from the sources' AvgProb (Eq. 7). EM can drift to its uninformative fixed
-    point (every confusion row alike, posterior = prior) when the votes are flat; a consensus
-    less sure than the AvgProb it started from is that case, and the AvgProb is kept. (On the
-    24 received sets of the label-quality grid EM always ended surer than it started. Starting
-    from several points and keeping the likeliest consensus was worse there: 0.606 against
-    0.627 mean target accuracy; the votes are not independent given the class, as the model
-    assumes, so its likelihood is a poor judge.)"""
-    out = dawid_skene(views, init, weights)
-    if out.mean_max_posterior >= float(init.max(1).mean()):
-        return out
-    prior = init.sum(0) / init.sum()
-    return Consensus(init.astype(np.float64), prior, [confusion(init, v) for v in views], 0,
-                     out.log_likelihood)
 
 
 def estimated_accuracy(consensus_posterior: np.ndarray, probs: np.ndarray) -> float:

@@ -1,4 +1,5 @@
-"""What a refinement is asked to do: the method table and :class:`RefineConfig`."""
+"""What a refinement is asked to do: :class:`RefineConfig`, checked against the registered
+methods (registry.py; ``METHODS`` and ``METHOD_SPECS`` are read from there)."""
 
 from __future__ import annotations
 
@@ -7,47 +8,12 @@ from dataclasses import dataclass
 from mrtf.averaging import parse_aggregate
 from mrtf.errors import InputError
 from mrtf.refinery.augment import DEFAULT_JITTER, Jitter
+from mrtf.refinery.distill import DistillRun
 from mrtf.refinery.neighbour_vote import NEIGHBOURS, check_neighbours
 from mrtf.refinery.prior_choice import CLASS_PRIORS
+from mrtf.refinery.registry import METHOD_SPECS, METHODS, get_method
 from mrtf.refinery.teachers import STACK_MODES
 
-
-@dataclass(frozen=True)
-class MethodSpec:
-    """What a method needs. teachers: 'none' (θ_{t+1} as it is), 'locals' (S_t) or 'all'
-    (S_t, θ_t and θ_{t+1}); features: θ_{t+1}'s features are kept (CLR / cluster view);
-    vote: the labels are the refined model's neighbour vote (neighbour_vote.py); augment: the
-    student's inputs are jittered while it distils (augment.py)."""
-
-    teachers: str
-    features: bool
-    summary: str
-    vote: bool = False
-    augment: bool = False
-
-    def teacher_list(self, locals_: list, start, self_model) -> list:
-        """The models that teach: none, the local models, or all (then θ_t when received
-        and θ_{t+1} follow them, θ_{t+1} last)."""
-        if self.teachers == "none":
-            return []
-        extra = ([start] if start is not None else []) + [self_model]
-        return list(locals_) + (extra if self.teachers == "all" else [])
-
-
-#: one row per method; the paper's ablation (Fig. 11) plus the adaptive default
-METHOD_SPECS: dict[str, MethodSpec] = {
-    "adaptive": MethodSpec("all", True, "consensus of every source with measured trust "
-                                        "(adaptive.py) and a neighbour vote "
-                                        "(neighbour_vote.py), distilled with input "
-                                        "jitter (augment.py); the default", vote=True,
-                             augment=True),
-    "fedavg": MethodSpec("none", False, "θ_{t+1}, the parameter average, no refinement"),
-    "feddf": MethodSpec("locals", False, "AvgLogit targets (Eq. 3)"),
-    "st": MethodSpec("locals", False, "stabilized AvgProb targets (Eq. 6-7)"),
-    "st+rd": MethodSpec("all", False, "+ rectified distillation (Eq. 10)"),
-    "mrtf": MethodSpec("all", True, "+ clustered label refinery (Eq. 11-12): the paper's MrTF"),
-}
-METHODS = tuple(METHOD_SPECS)
 VARIANTS = ("paper", "reference")
 #: The reference code normalises logits per inference batch (320-640 samples): we use 512.
 REF_STD_BATCH = 512
@@ -83,8 +49,8 @@ class RefineConfig:
     aggregate : the parameter average θ_{t+1}: 'mean' (weighted by n_samples, the paper),
         'median' (coordinate-wise) or 'trimmed:β' (coordinate-wise trimmed mean), see
         mrtf.averaging.aggregate_states.
-    stream : 'auto' (the streaming refinery, streaming.py, when the in-memory one would hold
-        more than ~768 MB), 'on' or 'off'. Same labels either way.
+    stream : 'auto' (spill the whole-target arrays to scratch files, storage.py, when in
+        memory they would hold more than ~768 MB), 'on' or 'off'. Same labels either way.
     scratch_dir : where streaming puts its scratch folder (removed at the end); None = the
         system's temporary folder. The CLI uses the labels file's folder.
     neighbour_vote : (adaptive only) k of the labels' neighbour vote: each label is the
@@ -120,12 +86,23 @@ class RefineConfig:
     @property
     def vote_k(self) -> int:
         """Neighbours of the labels' vote: ``neighbour_vote`` for a method that votes, else 0."""
-        return self.neighbour_vote if METHOD_SPECS[self.method].vote else 0
+        return self.neighbour_vote if get_method(self.method).vote else 0
+
+    @property
+    def trust_on(self) -> bool:
+        """Whether the party reliability checks run: ``trust``, or the method's default."""
+        return get_method(self.method).trust_default if self.trust is None else bool(self.trust)
 
     @property
     def jitter(self) -> Jitter | None:
         """The student's input jitter: the default for a method that jitters, else None."""
-        return DEFAULT_JITTER if self.augment and METHOD_SPECS[self.method].augment else None
+        return DEFAULT_JITTER if self.augment and get_method(self.method).augment else None
+
+    def distill_run(self, seed_offset: int = 0) -> DistillRun:
+        """The distillation's schedule: steps, batch, lr, ``seed + seed_offset``, variant, and
+        the method's jitter."""
+        return DistillRun(self.steps, self.batch_size, self.lr, self.seed + seed_offset,
+                          self.variant, self.jitter)
 
     def validate(self) -> None:
         def bad(cond: bool, msg: str) -> None:
@@ -145,9 +122,10 @@ class RefineConfig:
         bad(self.stack not in STACK_MODES, f"stack must be one of {STACK_MODES}")
         bad(self.class_prior not in CLASS_PRIORS, f"class prior must be one of "
             f"{', '.join(CLASS_PRIORS)}, got {self.class_prior!r}")
-        bad(self.class_prior == "uniform" and self.method != "adaptive",
-            f"--class-prior {self.class_prior} applies to the adaptive method only, not "
-            f"{self.method}")
+        takers = [m.name for m in METHOD_SPECS.values() if m.takes_class_prior]
+        bad(self.class_prior == "uniform" and self.method not in takers,
+            f"--class-prior {self.class_prior} applies to the {' and '.join(takers)} method "
+            f"only, not {self.method}")
         try:
             parse_aggregate(self.aggregate)
         except ValueError as exc:

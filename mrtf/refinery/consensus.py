@@ -16,8 +16,9 @@ assignment; A_v need not equal C); λ_v scales a view's evidence (1 for models).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -52,10 +53,124 @@ def confusion(posterior: np.ndarray, votes: np.ndarray, smoothing: float = 1.0) 
     return pi / pi.sum(1, keepdims=True)
 
 
+class Votes(Protocol):
+    """The views' votes, where the one EM loop (:func:`em`) finds them: in memory
+    (:class:`MemoryVotes`) or read from a spill by row blocks (votes.BlockViews). Each
+    storage keeps its own summation order, so each gives the numbers it always gave."""
+
+    def blocks(self, m: int) -> Iterable[tuple[int, int]]:
+        """Row ranges [s, e) covering the M rows, in order."""
+        ...
+
+    def read(self, s: int, e: int) -> Any:
+        """The votes of rows [s, e), in whatever form ``evidence`` and ``cross`` take."""
+        ...
+
+    def evidence(self, log_prior: np.ndarray, pis: list[np.ndarray], weights: np.ndarray
+                 ) -> Callable[[Any], np.ndarray]:
+        """For one E-step: a function of a block's votes → log ρ_c + Σ_v λ_v V_v log π_vᵀ."""
+        ...
+
+    def cross(self, t: np.ndarray, block: Any) -> list[np.ndarray]:
+        """Σ_x T(x, c) V_v(x, a) of one block for every view: [(C, A_v)]."""
+        ...
+
+
+class MemoryVotes:
+    """Views held whole (M, A_v) in float64: one block of all M rows; the E-step adds the
+    views' evidence one by one, the M-step is one GEMM per view."""
+
+    def __init__(self, views: Sequence[np.ndarray]) -> None:
+        self.views = [np.asarray(v, dtype=np.float64) for v in views]
+
+    def blocks(self, m: int) -> Iterable[tuple[int, int]]:
+        return [(0, m)]
+
+    def read(self, s: int, e: int) -> list[np.ndarray]:
+        return [v[s:e] for v in self.views]
+
+    def evidence(self, log_prior: np.ndarray, pis: list[np.ndarray], weights: np.ndarray
+                 ) -> Callable[[list[np.ndarray]], np.ndarray]:
+        def run(block: list[np.ndarray]) -> np.ndarray:
+            log_t = np.broadcast_to(log_prior, (len(block[0]), len(log_prior))).copy()
+            for v, pi, lam in zip(block, pis, weights):
+                if lam:
+                    log_t += lam * (v @ np.log(pi).T)
+            return log_t
+        return run
+
+    def cross(self, t: np.ndarray, block: list[np.ndarray]) -> list[np.ndarray]:
+        return [t.T @ v for v in block]
+
+
+def statistics(votes: Votes, post: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Σ_x T(x, c) and Σ_x T(x, c) V_v(x, a) for every view, added block by block."""
+    m, c = post.shape
+    mass = np.zeros(c)
+    cross: list[np.ndarray] | None = None
+    for s, e in votes.blocks(m):
+        t = post[s:e]
+        mass += t.sum(0)
+        parts = votes.cross(t, votes.read(s, e))
+        cross = parts if cross is None else [a + b for a, b in zip(cross, parts)]
+    assert cross is not None
+    return mass, cross
+
+
+def confusions(cross: list[np.ndarray], smoothing: float = 1.0) -> list[np.ndarray]:
+    """The M-step's π_v from accumulated Σ_x T(x, c) V_v(x, a) (as :func:`confusion`)."""
+    out = []
+    for pv in cross:
+        pi = pv + smoothing / pv.shape[1]
+        out.append(pi / pi.sum(1, keepdims=True))
+    return out
+
+
+def em(votes: Votes, post: np.ndarray, weights: Sequence[float], iterations: int = 30,
+       smoothing: float = 1.0, tol: float = 1e-6) -> Consensus:
+    """The Dawid-Skene EM loop (module docstring), for votes in memory or in blocks.
+
+    post (M, C) float64: the normalised start, updated in place (the returned posterior).
+    One pass over the blocks per EM step does both halves: a block's E-step uses the
+    confusions of the previous M-step, and its new posterior is added at once into the next
+    M-step's statistics. Stops when no posterior moves more than ``tol`` or after
+    ``iterations`` steps. Deterministic; float64 throughout."""
+    m = len(post)
+    w = np.asarray(weights, dtype=np.float64)
+    mass, cross = statistics(votes, post)
+    pis: list[np.ndarray] = []
+    done, loglik = 0, float("-inf")
+    while done < iterations:
+        done += 1
+        prior = mass + 1e-6
+        prior /= prior.sum()
+        pis = confusions(cross, smoothing)
+        joint = votes.evidence(np.log(prior), pis, w)
+        mass, cross = np.zeros_like(mass), [np.zeros_like(x) for x in cross]
+        moved, loglik = 0.0, 0.0
+        for s, e in votes.blocks(m):
+            block = votes.read(s, e)
+            log_t = joint(block)
+            top = log_t.max(1, keepdims=True)
+            log_t -= top
+            new = np.exp(log_t)
+            loglik += float((top[:, 0] + np.log(new.sum(1))).sum())
+            new /= new.sum(1, keepdims=True)
+            moved = max(moved, float(np.abs(new - post[s:e]).max()))
+            post[s:e] = new
+            mass += new.sum(0)
+            cross = [a + b for a, b in zip(cross, votes.cross(new, block))]
+        if moved < tol:
+            break
+    prior = mass + 1e-6
+    return Consensus(post, prior / prior.sum(), pis, done, loglik)
+
+
 def dawid_skene(views: Sequence[np.ndarray], init: np.ndarray,
                 weights: Sequence[float] | None = None, iterations: int = 30,
                 smoothing: float = 1.0, tol: float = 1e-6) -> Consensus:
-    """EM for the class posterior given ``views`` (each (M, A_v), rows of soft votes).
+    """EM for the class posterior given ``views`` (each (M, A_v), rows of soft votes), held in
+    memory (:func:`em` over :class:`MemoryVotes`).
 
     init (M, C): starting posterior (e.g. the sources' AvgProb, Eq. 7); stops when no posterior
     moves more than ``tol`` or after ``iterations`` steps. Deterministic; float64 throughout.
@@ -65,26 +180,4 @@ def dawid_skene(views: Sequence[np.ndarray], init: np.ndarray,
         raise ValueError(f"{len(views)} views but {len(w)} weights")
     post = np.asarray(init, dtype=np.float64)
     post = post / post.sum(1, keepdims=True)
-    vs = [np.asarray(v, dtype=np.float64) for v in views]
-    pis: list[np.ndarray] = []
-    done, loglik = 0, float("-inf")
-    while done < iterations:
-        done += 1
-        prior = post.sum(0) + 1e-6
-        prior /= prior.sum()
-        pis = [confusion(post, v, smoothing) for v in vs]
-        log_t = np.broadcast_to(np.log(prior), post.shape).copy()
-        for v, pi, lam in zip(vs, pis, w):
-            if lam:
-                log_t += lam * (v @ np.log(pi).T)
-        top = log_t.max(1, keepdims=True)
-        log_t -= top
-        new = np.exp(log_t)
-        loglik = float((top[:, 0] + np.log(new.sum(1))).sum())
-        new /= new.sum(1, keepdims=True)
-        moved = float(np.abs(new - post).max())
-        post = new
-        if moved < tol:
-            break
-    prior = post.sum(0) + 1e-6
-    return Consensus(post, prior / prior.sum(), pis, done, loglik)
+    return em(MemoryVotes(views), post, w, iterations, smoothing, tol)

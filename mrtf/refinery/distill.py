@@ -9,11 +9,13 @@ is active too. It is returned in eval mode.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+import tqdm
 from torch import nn
 
 from mrtf.device import pick_device
@@ -77,24 +79,39 @@ def gather_rows(source, rows: np.ndarray, chunk: int = 8192) -> np.ndarray:
     return out
 
 
-def distill(student: nn.Module, source, targets: np.ndarray, steps: int = 500,
-            batch_size: int = 64, lr: float | None = None, seed: int = 0,
-            device: torch.device | str | None = None, variant: str = "paper",
-            progress: bool = False, augment: Jitter | None = None) -> nn.Module:
-    """Eq. 1-2: ``steps`` optimiser steps on random minibatches of the target set.
+@dataclass(frozen=True)
+class DistillRun:
+    """One distillation's schedule: ``steps`` optimiser steps of ``batch_size`` rows, the
+    variant's optimiser (``lr`` None → its default, :class:`DistillSettings`), ``seed``
+    (batches, dropout, jitter), and ``augment``: the jitter of the student's image inputs
+    (augment.py; None or non-image samples: none)."""
+
+    steps: int = 500
+    batch_size: int = 64
+    lr: float | None = None
+    seed: int = 0
+    variant: str = "paper"
+    augment: Jitter | None = None
+
+
+def distill(student: nn.Module, source, targets: np.ndarray, run: DistillRun | None = None,
+            device: torch.device | str | None = None, progress: bool = False,
+            **schedule: Any) -> nn.Module:
+    """Eq. 1-2: ``run.steps`` optimiser steps on random minibatches of the target set.
 
     student : module refined in place (on ``device`` while it trains); returned in eval mode
         on the device it came on (also when the loss diverges: issue 36).
     source : H5Dataset / ArraySource (M rows); the rows the steps use are read in one
         streaming pass (:func:`gather_rows`). targets (M, C) float32.
-    lr : None → the variant's default (paper 3e-4, reference 1e-3).
-    augment : jitter the student's image inputs every step (augment.py; the targets stay those
-        of the clean images); None or non-image samples: none.
-    Deterministic given ``seed``. Raises FusionError when the loss is NaN or infinite.
+    run : the schedule (:class:`DistillRun`); ``schedule`` keywords (steps=, batch_size=,
+        lr=, seed=, variant=, augment=) replace its fields.
+    Deterministic given the seed. Raises FusionError when the loss is NaN or infinite.
     """
+    run = replace(run or DistillRun(), **schedule)
+    steps, batch_size, seed, augment = run.steps, run.batch_size, run.seed, run.augment
     dev = pick_device(device)
     with kept_home(student):
-        cfg = DistillSettings.for_variant(variant, lr)
+        cfg = DistillSettings.for_variant(run.variant, run.lr)
         student = student.to(dev).train()
         opt = torch.optim.Adam(student.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps, eta_min=0.0) \
@@ -138,7 +155,6 @@ def distill(student: nn.Module, source, targets: np.ndarray, steps: int = 500,
 def _bar(steps: int, progress: bool):
     if not progress:
         return None
-    from tqdm import tqdm
-
-    return tqdm(total=steps, desc="distill", unit="step", leave=False)
+    # tqdm.tqdm looked up now: mrtf.progress.log_lines swaps it for plain log lines
+    return tqdm.tqdm(total=steps, desc="distill", unit="step", leave=False)
 

@@ -12,23 +12,21 @@ from mrtf.refinery.config import RefineConfig
 from mrtf.refinery.distill import distill
 from mrtf.refinery.neighbour_vote import final_probs
 from mrtf.refinery.novelty import Novelty
+from mrtf.refinery.shot import ShotSettings, shot_adapt
 
 
 def fit_student(student: nn.Module, source, targets: np.ndarray, config: RefineConfig,
                 dev: torch.device, novelty: Novelty | None, streaming: bool = False) -> nn.Module:
     """Distil ``targets`` into ``student`` (Eq. 1-2), or, when the target is new to the
     parties, adapt it to the target with SHOT under the same step budget and settle it
-    (novelty.py, :func:`settle`; the streaming path keeps SHOT's features in a scratch file in
+    (novelty.py, :func:`settle`; over spilled storage SHOT keeps its features in a scratch file in
     ``config.scratch_dir``)."""
     if novelty is not None and novelty.adapt:
-        from mrtf.refinery.shot import ShotSettings, shot_adapt
-
         adapted = shot_adapt(student, source, ShotSettings(steps=config.steps,
                                                            batch_size=config.batch_size),
                              config.seed, dev, config.progress, streaming, config.scratch_dir)
         return settle(adapted, source, config, dev)
-    return distill(student, source, targets, config.steps, config.batch_size, config.lr,
-                   config.seed, dev, config.variant, config.progress, config.jitter)
+    return distill(student, source, targets, config.distill_run(), dev, config.progress)
 
 
 def settle(adapted: nn.Module, source, config: RefineConfig, dev: torch.device) -> nn.Module:
@@ -40,6 +38,5 @@ def settle(adapted: nn.Module, source, config: RefineConfig, dev: torch.device) 
         return adapted
     voted, _ = final_probs(adapted, source, config.vote_k, config.inference_batch, dev,
                            config.stack)
-    return distill(adapted, source, voted.astype(np.float32), config.steps, config.batch_size,
-                   config.lr, config.seed + 1000, dev, config.variant, config.progress,
-                   config.jitter)
+    return distill(adapted, source, voted.astype(np.float32), config.distill_run(seed_offset=1000),
+                   dev, config.progress)

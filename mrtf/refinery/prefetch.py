@@ -3,6 +3,9 @@ produced by a reader thread while the teachers run on the previous chunk."""
 
 from __future__ import annotations
 
+import queue
+import threading
+
 import numpy as np
 import torch
 
@@ -20,9 +23,6 @@ def prefetched(chunks, depth: int = 2):
     """The items of ``chunks``, produced by a reader thread up to ``depth`` ahead: HDF5 reads
     and the uint8 → float32 scaling overlap the teachers' forward (torch releases the GIL).
     The reader's exception is raised here, in order."""
-    import queue
-    import threading
-
     q: queue.Queue = queue.Queue(maxsize=depth)
     done = object()
     stop = threading.Event()

@@ -62,6 +62,15 @@ class SpillArray:
         start, stop, _ = key.indices(self.shape[0])
         return self.read(start, stop)
 
+    def __setitem__(self, key: slice, block: np.ndarray) -> None:
+        """``a[s:e] = block``: :meth:`write` by a row slice, as an ndarray is written."""
+        if not isinstance(key, slice) or key.step not in (None, 1):
+            raise TypeError("a SpillArray is written by contiguous row slices")
+        start, stop, _ = key.indices(self.shape[0])
+        if len(block) != stop - start:
+            raise ValueError(f"{len(block)} rows for a slice of {stop - start}")
+        self.write(start, block)
+
     def take(self, rows: np.ndarray, block: int = 65_536) -> np.ndarray:
         """Rows at sorted ``rows``, read block by block (one pass over the file)."""
         rows = np.asarray(rows, dtype=np.int64)

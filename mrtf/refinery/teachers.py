@@ -12,10 +12,10 @@ cache, where a C compiler and AVX-512 exist: 8.1-12.6x the loop at K = 50; else 
 over its models. Memory is the (K, M, C) output plus one chunk (and stacked.py's features of at
 most 32 MiB of a chunk, or with oneDNN of one chunk, kept per thread): it does not
 otherwise grow with M. :class:`TeacherChunks` yields the same outputs chunk by chunk (the
-streaming refinery, streaming.py, spills them), reading the next chunk in a thread meanwhile. On
-a loaded 2-core machine run it with 1 thread: with 2 OpenMP threads beside other jobs the fast
-path's many small parallel regions ran 5-14x slower (113-376 against 1,270-1,590 samples/s for
-12 LeNets, load 8-10).
+refinery's data pass, teach.py, writes them to its storage), reading the next chunk in a thread
+meanwhile. On a loaded 2-core machine run it with 1 thread: with 2 OpenMP threads beside other
+jobs the fast path's many small parallel regions ran 5-14x slower (113-376 against 1,270-1,590
+samples/s for 12 LeNets, load 8-10).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import tqdm
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
@@ -166,8 +167,8 @@ def teacher_logits(models: Sequence[nn.Module], source, batch_size: int = 1024,
     precision : 'fp32' (default) or 'bf16': groups on the fast path run in bfloat16 (argmax
         agreement ~99.7 %, fastpath.py); every other group stays fp32.
 
-    Returns logits (K, M, C) float32 (and features (M, D) float32). The streaming refinery
-    (streaming.py) consumes :func:`teacher_chunks` instead and never holds them whole.
+    Returns logits (K, M, C) float32 (and features (M, D) float32). The refinery's data pass
+    (teach.py) consumes :class:`TeacherChunks` instead and may spill them (storage.py).
     """
     m_total = len(source)
     logits: np.ndarray | None = None
@@ -217,10 +218,9 @@ class TeacherChunks:
             yield from self._chunks()
 
     def _chunks(self):
-        from tqdm import tqdm
-
         forwards = None
-        bar = tqdm(total=len(self.source), desc=f"teachers ×{len(self.models)}",
+        # tqdm.tqdm looked up now: mrtf.progress.log_lines swaps it for plain log lines
+        bar = tqdm.tqdm(total=len(self.source), desc=f"teachers ×{len(self.models)}",
                    unit="sample", leave=False, disable=not self.progress)
         with bar:
             for start, chunk in prefetched(host_chunks(self.source, self.batch_size,

@@ -1,6 +1,6 @@
-"""The trust layer's hooks into refine (mrtf.trust): which parties teach and with what weight,
-and how sure the labels are. Kept apart from pipeline.py so the refinery's core reads on its
-own; ``refine`` calls these when ``trust_on(config)``."""
+"""The trust layer's hooks into refine (mrtf.trust): which parties teach and with what weight
+(when ``RefineConfig.trust_on``), and how sure the labels are. Kept apart from pipeline.py so
+the refinery's core reads on its own."""
 
 from __future__ import annotations
 
@@ -12,36 +12,37 @@ import numpy as np
 import torch
 
 from mrtf.averaging import average_received
+from mrtf.io.hdf5 import RowSubset
 from mrtf.refinery.adaptive import estimated_accuracy
 from mrtf.refinery.config import RefineConfig
-from mrtf.refinery.teachers import check_finite, newest_global, newest_locals, teacher_logits
+from mrtf.refinery.teachers import check_finite, teacher_logits
+from mrtf.trust.calibration import Signals, calibrate, uncalibrated
+from mrtf.trust.neighbours import target_neighbours
+from mrtf.trust.received import sample_note, sample_rows
+from mrtf.trust.reliability import assess
 
 
-def signals_of(local_logits: np.ndarray, before: np.ndarray, targets: np.ndarray, source,
-               neighbours: np.ndarray | None = None):
-    """Label-free evidence for the calibrated confidence, kept before the logits are freed."""
-    from mrtf.trust.calibration import Signals
-
-    if len(local_logits) == 0:
+def local_signals(state) -> Signals | None:
+    """The calibration's label-free evidence from the local models' logits (read by
+    ``state.storage.signals_block`` rows, None: all at once) and θ_{t+1}'s softmax, with the
+    target's own neighbourhoods (mrtf.trust.neighbours: one pass over the target by blocks,
+    the data only); None without local models. Read before the targets, which may overwrite
+    the logits; the consensus is attached once it exists (:func:`attach_consensus`)."""
+    k = state.num_local
+    if k == 0:
         return None
-    return with_neighbours(Signals.from_logits(local_logits, before, targets), source,
-                           neighbours)
-
-
-def with_neighbours(signals, source, neighbours: np.ndarray | None = None):
-    """Attach the target's own neighbourhoods (mrtf.trust.neighbours: one pass over the
-    target by blocks, the data only; ``neighbours`` when the caller found them already) to
-    ``signals``; both refine paths call this."""
-    from mrtf.trust.neighbours import target_neighbours
-
-    if signals is not None:
-        signals.neighbours = target_neighbours(source) if neighbours is None else neighbours
+    signals = Signals.from_logits(state.logits.view, state.before, state.before,
+                                  state.storage.signals_block, k)
+    signals.neighbours = target_neighbours(state.source)
     return signals
 
 
-def calibration_of(probs: np.ndarray, signals):
-    from mrtf.trust.calibration import calibrate, uncalibrated
+def attach_consensus(signals: Signals | None, targets: np.ndarray) -> None:
+    if signals is not None:
+        signals.consensus = np.asarray(targets, np.float32)
 
+
+def calibration_of(probs: np.ndarray, signals):
     if signals is None:
         return uncalibrated(probs, why="no teachers ran (method fedavg), so there are no "
                                        "signals to calibrate with")
@@ -92,10 +93,6 @@ def prior_info(adaptive) -> dict[str, Any] | None:
     return None
 
 
-def trust_on(config: RefineConfig) -> bool:
-    return config.method == "adaptive" if config.trust is None else bool(config.trust)
-
-
 @dataclass
 class Trusted:
     """What the reliability check left: the kept local models (ReceivedModel), their target
@@ -117,7 +114,7 @@ class Trusted:
         return out
 
 
-def apply_trust(plan, received, source, config: RefineConfig, dev: torch.device,
+def apply_trust(plan, source, config: RefineConfig, dev: torch.device,
                 student_given: bool) -> Trusted:
     """Measure every local model on the target set (mrtf.trust.reliability), leave the
     excluded ones out of the teachers and rebuild θ_{t+1} from the others with capped,
@@ -127,11 +124,7 @@ def apply_trust(plan, received, source, config: RefineConfig, dev: torch.device,
     seeded by ``config.seed`` (the same in both refine paths and ``inspect --data``) and no
     logits are kept; else on every sample, and the kept models' logits are returned for
     reuse as teachers."""
-    from mrtf.io.hdf5 import RowSubset
-    from mrtf.trust.received import sample_note, sample_rows
-    from mrtf.trust.reliability import assess
-
-    locals_r = newest_locals(received)
+    locals_r = plan.locals_received
     total = len(source)
     rows = sample_rows(total, config.seed)
     seen = source if rows is None else RowSubset(source, rows)
@@ -139,7 +132,7 @@ def apply_trust(plan, received, source, config: RefineConfig, dev: torch.device,
                          config.stack, progress=config.progress)
     check_finite(out.logits)
     k = len(locals_r)
-    start = newest_global(received)
+    start = plan.start_received
     report = assess(plan.names[:k], out.logits,
                     None if plan.heterogeneous else [m.state_dict for m in locals_r],
                     [m.meta.n_samples for m in locals_r], [m.meta.train_loss for m in locals_r],

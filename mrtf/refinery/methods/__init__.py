@@ -1,0 +1,18 @@
+"""The built-in refinery methods, one module each, registered here in the order the CLI lists
+them (registry.py): the adaptive default, then the paper's ablation (Fig. 11). A new method is
+a module with a :class:`~mrtf.refinery.registry.Method` subclass and one line below (or a
+``register_method`` call of its own)."""
+
+from mrtf.refinery.methods.adaptive import Adaptive
+from mrtf.refinery.methods.fedavg import FedAvg
+from mrtf.refinery.methods.feddf import FedDF
+from mrtf.refinery.methods.mrtf import MrTF
+from mrtf.refinery.methods.st import ST
+from mrtf.refinery.methods.st_rd import STRD
+from mrtf.refinery.registry import METHODS, Method, get_method, register_method
+
+BUILT_IN = (Adaptive(), FedAvg(), FedDF(), ST(), STRD(), MrTF())
+for _method in BUILT_IN:
+    register_method(_method)
+
+__all__ = ["BUILT_IN", "METHODS", "Method", "get_method", "register_method"]

@@ -1,0 +1,98 @@
+"""adaptive, the default: every source weighted by what the target set says about it, then a
+neighbour vote. Its steps, as README "How adaptive works" numbers them, and where each runs:
+
+1. sources: every source's stabilized softmax (Eq. 6), written over the logits; dead sources
+   left out                                       (:meth:`Adaptive.targets`, votes.py)
+2. consensus: Dawid-Skene over the sources, θ_t and θ_{t+1} 0.75 each, from the local
+   models' AvgProb                                (refinery/adaptive.py, consensus.py)
+3. clusters: k-means of θ_{t+1}'s features as one more annotator, weight λ
+                                                  (refinery/adaptive.py, cluster.py)
+4. class prior: the consensus under both priors, the one the target's neighbourhoods
+   follow better kept                             (prior_choice.py)
+5. vote or adapt: a target new to the parties → θ_{t+1} adapted with SHOT and settled
+                                                  (:meth:`Adaptive.evidence`, novelty.py,
+                                                  fit.py, shot.py)
+6. distil: the student (θ_{t+1}, or θ_t when θ_{t+1} is dead) distilled to the consensus with
+   its inputs jittered                            (:meth:`Adaptive.fit`, fit.py, augment.py)
+7. neighbour vote: each label the refined model's softmax summed over its 3 nearest target
+   samples                                        (``vote``: report.py, neighbour_vote.py)
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import numpy as np
+from torch import nn
+
+from mrtf.refinery.adaptive import ConsensusInputs, consensus_targets, input_independent
+from mrtf.refinery.ensemble import stabilized_blocks
+from mrtf.refinery.fit import fit_student
+from mrtf.refinery.methods.base import Distilled
+from mrtf.refinery.novelty import target_novelty
+from mrtf.refinery.state import RefineState
+from mrtf.refinery.votes import SourceStats
+
+
+class Adaptive(Distilled):
+    name = "adaptive"
+    summary = ("consensus of every source with measured trust (adaptive.py) and a neighbour "
+               "vote (neighbour_vote.py), distilled with input jitter (augment.py); the "
+               "default")
+    help = "every source weighted by its measured trust; the default"
+    teachers = "all"
+    features = True
+    vote = True  # step 7
+    augment = True  # step 6
+    trust_default = True
+    takes_class_prior = True
+
+    def evidence(self, state: RefineState) -> None:
+        """Step 5's choice, from the local models' entropy on the target against the losses
+        they claim (novelty.py); none without a θ_{t+1} to adapt (parties of different
+        architectures, a given student)."""
+        assert state.plan is not None
+        if state.plan.agg is None or state.student_given:
+            return
+        state.novelty = target_novelty(state.logits.view,
+                                       [m.meta.train_loss for m in state.used],
+                                       num_local=state.num_local)
+
+    def targets(self, state: RefineState) -> np.ndarray:
+        """Steps 1-4: Eq. 6's softmax over the logits in place (they are not read again),
+        with each source's whole-M statistics (dead sources, class bias), then the
+        consensus (timed as 'clr')."""
+        t0 = time.perf_counter()
+        config, plan = state.config, state.plan
+        assert plan is not None
+        k, _, c = state.logits.view.shape
+        stats = SourceStats(k, c, class_bias=config.class_prior in ("uniform", "auto"))
+        # the generator reads block s+1 only after block s is written back: in place is safe
+        for s, q in stabilized_blocks(state.logits.view, config):
+            stats.add(q)
+            state.logits.overwrite(s, q)
+        state.adaptive = consensus_targets(state.logits.source_probs(), stats, ConsensusInputs(
+            plan.names, state.before, state.features, config.seed, state.num_local,
+            config.class_prior, state.factors, state.neighbours))
+        state.timings["clr"] = time.perf_counter() - t0
+        return state.adaptive.targets
+
+    def start_model(self, state: RefineState) -> nn.Module:
+        """A dead θ_{t+1} (the same output for every sample) has zero gradients through its
+        ReLUs and cannot be distilled back to life: distillation then starts from θ_t when
+        there is one (a student the caller gave is kept)."""
+        plan = state.plan
+        assert plan is not None
+        if state.student_given or plan.start is None or not input_independent(state.before):
+            return plan.student
+        state.notes.append("θ_{t+1} gives the same output for every sample (dead network): "
+                           "distillation starts from θ_t")
+        return copy.deepcopy(plan.start)
+
+    def fit(self, state: RefineState) -> nn.Module:
+        """Steps 5-6: distilled to the consensus with jitter, or adapted (SHOT) and settled."""
+        assert state.targets is not None
+        return fit_student(self.start_model(state), state.source, state.targets, state.config,
+                           state.dev, state.novelty, state.spilled)
+
