@@ -1,7 +1,8 @@
 """Received-model bundles: one party = one ``.safetensors`` file with ``mrtf.*`` metadata.
 
 A plain ``.pt`` state dict with a ``.json`` sidecar of the same keys is also read, with
-``torch.load(weights_only=True)`` only. Received files are untrusted: nothing in them is
+``torch.load(weights_only=True)`` only, and an ``.onnx`` graph is run as a teacher without any
+of its party's code (mrtf/io/onnx_files.py). Received files are untrusted: nothing in them is
 unpickled or executed, and a ``module:factory`` architecture named in a file is refused unless
 the caller lists it in ``trusted_archs``.
 """
@@ -31,6 +32,7 @@ from mrtf.io.limits import (
     check_regular_file,
     reference_shapes,
 )
+from mrtf.io.onnx_files import CheckedOnnx, read_onnx
 from mrtf.io.readers import first_line, load_safetensors, peek_safetensors, read_pt
 from mrtf.io.weights import check_against_reference, normalise_weights
 from mrtf.models import build_model
@@ -175,20 +177,25 @@ def _int(text: str) -> int:
 class ReceivedModel:
     """One validated party model: its metadata, its weights and where it came from.
 
-    ``notes`` says what was converted on load (e.g. float16 weights to float32).
+    ``notes`` says what was converted on load (e.g. float16 weights to float32). ``onnx``:
+    the checked graph of an ``.onnx`` file (then ``state_dict`` is empty: it only teaches).
     """
 
     path: Path
     meta: BundleMeta
     state_dict: dict[str, torch.Tensor]
     notes: list[str] = field(default_factory=list)
+    onnx: CheckedOnnx | None = None
 
     @property
     def name(self) -> str:
         return self.meta.party or self.path.stem
 
     def build(self, device: torch.device | str = "cpu") -> nn.Module:
-        """A fresh module with these weights, in eval mode."""
+        """A fresh module with these weights, in eval mode (ONNX: its onnxruntime teacher,
+        which runs on the CPU whatever ``device`` says and returns its outputs there)."""
+        if self.onnx is not None:
+            return self.onnx.teacher(self.meta.num_classes)
         model = build_model(self.meta.arch, self.meta.num_classes, **self.meta.arch_kwargs)
         model.load_state_dict(self.state_dict)
         return model.to(device).eval()
@@ -230,6 +237,10 @@ def load_bundle(path: str | os.PathLike, trusted_archs: Collection[str] = ()) ->
     """
     p = Path(path)
     check_regular_file(p, "model file")
+    if p.suffix == ".onnx":
+        head, graph = read_onnx(p)
+        meta = BundleMeta.from_header(head, str(p))
+        return ReceivedModel(path=p, meta=meta, state_dict={}, notes=graph.notes, onnx=graph)
     if p.suffix == ".safetensors":
         head, found = peek_safetensors(p)
         state = None
@@ -237,12 +248,13 @@ def load_bundle(path: str | os.PathLike, trusted_archs: Collection[str] = ()) ->
         head, state = read_pt(p)
         found = {k: (tuple(v.shape), v.dtype) for k, v in state.items()}
     else:
-        raise InputError(f"{p}: unknown model file type (expected .safetensors or .pt + .json)")
+        raise InputError(f"{p}: unknown model file type (expected .safetensors, .pt + .json "
+                         "or .onnx)")
     meta = BundleMeta.from_header(head, str(p))
     if ":" in meta.arch and meta.arch not in trusted_archs:
         raise InputError(
             f"{p}: custom architecture {meta.arch!r} is code; received files may not run code "
-            "(trust it explicitly with --trust-arch)")
+            f"(your own model code? trust it explicitly with --trust-arch {meta.arch})")
     try:
         ref = reference_shapes(meta.arch, meta.num_classes, meta.arch_kwargs)
     except InputError as exc:
@@ -282,7 +294,7 @@ class ReceivedSet:
         return [m for m in self.models if m.meta.role == role]
 
 
-MODEL_SUFFIXES = (".safetensors", ".pt")
+MODEL_SUFFIXES = (".safetensors", ".pt", ".onnx")
 
 
 def scan_received(directory: str | os.PathLike
@@ -312,8 +324,9 @@ def scan_received(directory: str | os.PathLike
         path, suffix = d / e.name, Path(e.name).suffix
         if e.name.startswith("."):
             continue
-        if suffix == ".json" and f"{Path(e.name).stem}.pt" in names:
-            continue  # a .pt's sidecar, read with it
+        if suffix == ".json" and ({f"{Path(e.name).stem}{s}" for s in (".pt", ".onnx")}
+                                  & names):
+            continue  # a .pt's or .onnx's sidecar, read with it
         if e.is_symlink():
             why = "a symbolic link; received models must be regular files in the directory " \
                   "(links are not followed)"
@@ -321,7 +334,7 @@ def scan_received(directory: str | os.PathLike
             if suffix in MODEL_SUFFIXES:
                 files.append(path)
             else:
-                notes.append(f"skipped {e.name} (not a .safetensors or .pt model)")
+                notes.append(f"skipped {e.name} (not a .safetensors, .pt or .onnx model)")
             continue
         elif e.is_dir(follow_symlinks=False):
             why = "a directory (received directories are not searched recursively)"
@@ -360,7 +373,8 @@ def load_received(directory: str | os.PathLike, trusted_archs: Collection[str] =
             refused.append((f, str(exc).removeprefix(f"{f}: ")))
     refused.sort(key=lambda r: r[0].name)
     if strict and not models:
-        raise InputError(f"{directory}: holds no received models (.safetensors or .pt)")
+        raise InputError(f"{directory}: holds no received models (.safetensors, .pt or "
+                         ".onnx)")
     classes = {m.meta.num_classes for m in models}
     if len(classes) > 1:
         detail = ", ".join(f"{m.path.name}={m.meta.num_classes}" for m in models)

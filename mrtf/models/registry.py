@@ -6,14 +6,13 @@ training and for rebuilding a received model before its weights are loaded.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch import nn
 
 from mrtf.errors import InputError
+from mrtf.models.custom import build_custom
 from mrtf.models.zoo import NORMS, VGG8, CharLSTM, ConvNet, LeNet, MLPNet, ResNet
 
 # Name → (constructor, accepted kwargs). Image models take in_channels/image_size; some a norm.
@@ -54,7 +53,8 @@ def image_kwargs(arch: str, in_channels: int, image_size: int, norm: str | None 
 
 
 def build_model(arch: str, num_classes: int, **arch_kwargs: Any) -> nn.Module:
-    """Build a registered model, or a user model given as ``package.module:factory``.
+    """Build a registered model, or a user model given as ``package.module:factory``
+    (trusted local code, mrtf/models/custom.py: its state_dict keys as the user saved them).
 
     Returns a module with ``forward_features(x) -> (h (B, D), logits (B, C))``.
     Raises InputError for an unknown name or unusable keyword arguments.
@@ -62,7 +62,7 @@ def build_model(arch: str, num_classes: int, **arch_kwargs: Any) -> nn.Module:
     if not isinstance(num_classes, int) or num_classes < 2:
         raise InputError(f"num_classes must be an integer >= 2, got {num_classes!r}")
     if ":" in arch:
-        return _build_custom(arch, num_classes, arch_kwargs)
+        return build_custom(arch, num_classes, arch_kwargs)
     if arch not in _REGISTRY:
         raise InputError(
             f"unknown architecture {arch!r}; known: {', '.join(available_archs())}, "
@@ -78,46 +78,6 @@ def build_model(arch: str, num_classes: int, **arch_kwargs: Any) -> nn.Module:
         return factory(num_classes=num_classes, **arch_kwargs)
     except (ValueError, RuntimeError, TypeError) as exc:
         raise InputError(f"cannot build {arch!r} with {arch_kwargs}: {exc}") from None
-
-
-class HookedModel(nn.Module):
-    """Wraps a user's ``nn.Module``: features are the input of its last ``nn.Linear``."""
-
-    def __init__(self, net: nn.Module, num_classes: int) -> None:
-        super().__init__()
-        linears = [m for m in net.modules() if isinstance(m, nn.Linear)]
-        if not linears:
-            raise InputError("a custom model needs an nn.Linear layer to take features from")
-        self.net, self.num_classes = net, num_classes
-        self.feature_dim = linears[-1].in_features
-        self._last = linears[-1]
-
-    def forward_features(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        seen: list[torch.Tensor] = []
-        handle = self._last.register_forward_pre_hook(lambda _m, inp: seen.append(inp[0]))
-        try:
-            logits = self.net(x)
-        finally:
-            handle.remove()
-        return seen[-1].flatten(1), logits
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-
-def _build_custom(spec: str, num_classes: int, kwargs: dict[str, Any]) -> nn.Module:
-    module_name, _, attr = spec.partition(":")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise InputError(f"cannot import custom model {spec!r}: {exc}") from None
-    try:
-        net = factory(num_classes=num_classes, **kwargs)
-    except TypeError as exc:
-        raise InputError(f"custom model {spec!r} rejected its arguments: {exc}") from None
-    if hasattr(net, "forward_features"):
-        return net
-    return HookedModel(net, num_classes)
 
 
 def has_batchnorm(model: nn.Module) -> bool:
