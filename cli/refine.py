@@ -27,7 +27,7 @@ from mrtf.io.labels_csv import write_labels_csv
 from mrtf.io.limits import check_memory
 from mrtf.io.outputs import Outputs
 from mrtf.io.parties import describe, duplicate_parties, plan_parties
-from mrtf.io.refined import new_student, refined_meta
+from mrtf.io.refined import new_student, refined_meta, student_of_onnx_set
 from mrtf.progress import log_lines
 from mrtf.refinery import METHODS, RefineConfig, refine
 from mrtf.refinery.neighbour_vote import NEIGHBOURS, check_neighbours
@@ -99,7 +99,10 @@ from mrtf.trust.selective import check_selection, select
               help="Without --data: force this data-free method (default: chosen for you).")
 @click.option("--dump-samples", type=click.Path(path_type=Path), default=None,
               help="Data-free: write a PNG grid of generated images per class.")
-@click.option("--trust-arch", multiple=True, help="A package.module:factory you trust.")
+@click.option("--trust-arch", multiple=True, metavar="MODULE:FACTORY",
+              help="Your own model code (trusted, local): received files that name this "
+                   "module:factory are built with it; the current folder is importable. "
+                   "Repeatable.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default=None, help="cpu, cuda, ... (default: CUDA when present).")
 @click.option("--stream", type=click.Choice(["auto", "on", "off"]), default="auto",
@@ -303,4 +306,9 @@ def load_student(rs: ReceivedSet, opts: dict[str, Any], sample_shape: tuple[int,
         return sm.build(), sm.meta
     if opts["student_arch"] is not None:
         return new_student(rs, opts["student_arch"], opts["seed"], sample_shape)
+    onnx_start = student_of_onnx_set(rs)
+    if onnx_start is not None:
+        if out is not None:
+            out.say(onnx_start[2])
+        return onnx_start[0], onnx_start[1]
     return None, None

@@ -17,6 +17,7 @@ or, when it has none, in a ``.json`` sidecar of the same name (docs/your-own-mod
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,8 +113,10 @@ def read_onnx(p: Path) -> tuple[dict[str, str], CheckedOnnx]:
     said = head.get("mrtf.arch")
     if said is not None and said != ONNX_ARCH:
         notes.append(f"mrtf.arch {said[:40]!r} ignored: an ONNX file is run as its graph")
-    head = {**head, "mrtf.arch": ONNX_ARCH, "mrtf.arch_kwargs": "{}"}
-    return head, CheckedOnnx(p, model, outputs, hashlib.sha256(data).hexdigest(), notes)
+    # each file is its own architecture (its graph), told apart by its hash
+    sha = hashlib.sha256(data).hexdigest()
+    head = {**head, "mrtf.arch": ONNX_ARCH, "mrtf.arch_kwargs": json.dumps({"sha256": sha[:16]})}
+    return head, CheckedOnnx(p, model, outputs, sha, notes)
 
 
 def check_graph(model: Any) -> None:

@@ -10,9 +10,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from mrtf.averaging import average_received
 from mrtf.errors import InputError
 from mrtf.io.bundles import BundleMeta, ReceivedSet
 from mrtf.models import build_model, image_kwargs
+from mrtf.refinery.teachers import newest_locals
 
 
 def student_kwargs(rs: ReceivedSet, arch: str, shape: tuple[int, ...] | None) -> dict:
@@ -37,6 +39,29 @@ def new_student(rs: ReceivedSet, arch: str, seed: int, shape: tuple[int, ...] | 
     torch.manual_seed(seed)
     model = build_model(arch, rs.num_classes, **kwargs)
     return model, BundleMeta(arch=arch, num_classes=rs.num_classes, arch_kwargs=kwargs)
+
+
+def student_of_onnx_set(rs: ReceivedSet) -> tuple[nn.Module, BundleMeta, str] | None:
+    """(student, its metadata, a note) when some local parties sent ONNX graphs, which only
+    teach (they are not trainable here): the parameter average of the PyTorch parties when
+    they share one architecture. None when no party sent ONNX; InputError when none of the
+    PyTorch parties can start the student (the user gives --student-arch or --student)."""
+    locals_ = newest_locals(rs)
+    if not any(m.onnx for m in locals_):
+        return None
+    torch_parties = [m for m in locals_ if m.onnx is None]
+    archs = {(m.meta.arch, json.dumps(m.meta.arch_kwargs, sort_keys=True))
+             for m in torch_parties}
+    if len(archs) != 1:
+        why = ("every party sent ONNX" if not torch_parties
+               else "the PyTorch parties differ in architecture")
+        raise InputError(f"ONNX models teach but cannot be trained here and {why}: give the "
+                         "model to refine with --student-arch ARCH (a built-in name or your "
+                         "own module:factory) or --student FILE")
+    model, _ = average_received(torch_parties)
+    note = (f"the student starts from the parameter average of the {len(torch_parties)} "
+            f"PyTorch parties; the {len(locals_) - len(torch_parties)} ONNX parties teach")
+    return model, torch_parties[0].meta, note
 
 
 def refined_meta(rs: ReceivedSet, student_meta: BundleMeta | None, method: str,

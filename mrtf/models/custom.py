@@ -16,6 +16,7 @@ importable as with ``python -m``: the user stands in the folder that holds ``myn
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
 from collections.abc import Callable
@@ -117,6 +118,17 @@ def with_features(net: nn.Module) -> nn.Module:
                             {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
     net.__class__ = _HOOKED[cls]
     return net
+
+
+def accepted_kwargs(spec: str, names: tuple[str, ...]) -> set[str]:
+    """Which of ``names`` the factory of ``spec`` takes (all of them with ``**kwargs``)."""
+    try:
+        params = inspect.signature(import_factory(spec)).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin): pass none
+        return set()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return set(names)
+    return {p.name for p in params} & set(names)
 
 
 def build_custom(spec: str, num_classes: int, kwargs: dict[str, Any]) -> nn.Module:

@@ -12,7 +12,7 @@ from typing import Any
 from torch import nn
 
 from mrtf.errors import InputError
-from mrtf.models.custom import build_custom
+from mrtf.models.custom import accepted_kwargs, build_custom
 from mrtf.models.zoo import NORMS, VGG8, CharLSTM, ConvNet, LeNet, MLPNet, ResNet
 
 # Name → (constructor, accepted kwargs). Image models take in_channels/image_size; some a norm.
@@ -40,7 +40,12 @@ def register(name: str, factory: Callable[..., nn.Module], kwargs: tuple[str, ..
 
 def image_kwargs(arch: str, in_channels: int, image_size: int, norm: str | None = None
                  ) -> dict[str, Any]:
-    """The subset of (in_channels, image_size, norm) that ``arch`` accepts."""
+    """The subset of (in_channels, image_size, norm) that ``arch`` accepts (a custom
+    ``module:factory``: the ones its signature names)."""
+    if ":" in arch:
+        given = {"in_channels": in_channels, "image_size": image_size, "norm": norm}
+        return {k: v for k, v in given.items()
+                if v is not None and k in accepted_kwargs(arch, tuple(given))}
     if arch not in _REGISTRY:
         return {"in_channels": in_channels, "image_size": image_size}
     accepted = _REGISTRY[arch][1]
