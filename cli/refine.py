@@ -30,6 +30,7 @@ from mrtf.io.parties import describe, duplicate_parties, plan_parties
 from mrtf.io.refined import new_student, refined_meta, student_of_onnx_set
 from mrtf.progress import log_lines
 from mrtf.refinery import METHODS, RefineConfig, refine
+from mrtf.refinery.augment import applies
 from mrtf.refinery.neighbour_vote import NEIGHBOURS, check_neighbours
 from mrtf.refinery.streaming import memory_estimate, use_streaming
 from mrtf.trust.selective import check_selection, select
@@ -166,6 +167,9 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, outs: Outputs,
     student, student_meta = load_student(rs, opts, source.sample_shape, out)
     cfg = _checked_config(rs, source, outs, labels_out, model_out, opts, out.progress)
     probe_outputs(rs, source, student)
+    if cfg.method == "adaptive" and cfg.augment and not applies(source.sample_shape):
+        out.say(f"note: input jitter is for images; off for samples of shape "
+                f"{source.sample_shape} (feature vectors)")
     # the refined model's metadata must be writable: find out now, not after the work
     refined_meta(rs, student_meta, cfg.method, {}).validate("the refined model's metadata")
     out.say(f"refining {len(rs.by_role('local'))} local models "

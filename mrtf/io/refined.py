@@ -13,22 +13,20 @@ from torch import nn
 from mrtf.averaging import average_received
 from mrtf.errors import InputError
 from mrtf.io.bundles import BundleMeta, ReceivedSet
-from mrtf.models import build_model, image_kwargs
+from mrtf.models import build_model, image_kwargs, input_kwargs
 from mrtf.refinery.teachers import newest_locals
 
 
 def student_kwargs(rs: ReceivedSet, arch: str, shape: tuple[int, ...] | None) -> dict:
-    """``arch``'s keyword arguments for samples of ``shape`` (C, H, W); without data, the image
-    shape of a received image model."""
+    """``arch``'s keyword arguments for samples of ``shape``: (C, H, W) images or (D,) feature
+    vectors; without data, the image shape of a received image model."""
     if shape is None:  # data-free: take the image shape from a received image model
         kw = next((m.meta.arch_kwargs for m in rs.models
                    if "in_channels" in m.meta.arch_kwargs), None)
         if kw is None:
             raise InputError("cannot tell the image shape for --student-arch without --data")
         return image_kwargs(arch, kw["in_channels"], kw["image_size"])
-    if len(shape) == 3:
-        return image_kwargs(arch, shape[0], shape[-1])
-    return {}
+    return input_kwargs(arch, shape)
 
 
 def new_student(rs: ReceivedSet, arch: str, seed: int, shape: tuple[int, ...] | None

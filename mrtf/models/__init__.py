@@ -6,11 +6,13 @@ from mrtf.models.registry import (
     build_model,
     has_batchnorm,
     image_kwargs,
+    input_kwargs,
     register,
 )
 from mrtf.models.zoo import VGG8, CharLSTM, ConvNet, FeatureModel, LeNet, MLPNet, ResNet
 
 __all__ = [
     "CharLSTM", "ConvNet", "FeatureModel", "LeNet", "MLPNet", "ResNet", "VGG8",
-    "available_archs", "build_model", "has_batchnorm", "image_kwargs", "register", "with_features",
+    "available_archs", "build_model", "has_batchnorm", "image_kwargs", "input_kwargs",
+    "register", "with_features",
 ]

@@ -18,7 +18,7 @@ from mrtf.models.zoo import NORMS, VGG8, CharLSTM, ConvNet, LeNet, MLPNet, ResNe
 # Name → (constructor, accepted kwargs). Image models take in_channels/image_size; some a norm.
 _IMAGE = ("in_channels", "image_size")
 _REGISTRY: dict[str, tuple[Callable[..., nn.Module], tuple[str, ...]]] = {
-    "mlp": (MLPNet, _IMAGE),
+    "mlp": (MLPNet, _IMAGE + ("in_features", "hidden", "feature_dim")),
     "lenet": (LeNet, _IMAGE),
     "convnet": (ConvNet, _IMAGE + ("norm",)),
     "vgg8": (VGG8, _IMAGE + ("norm", "dropout")),
@@ -55,6 +55,21 @@ def image_kwargs(arch: str, in_channels: int, image_size: int, norm: str | None 
     if norm is not None and "norm" in accepted:
         kw["norm"] = norm
     return kw
+
+
+def input_kwargs(arch: str, sample_shape: tuple[int, ...]) -> dict[str, Any]:
+    """``arch``'s keyword arguments for samples of ``sample_shape``: (C, H, W) images give
+    in_channels / image_size (:func:`image_kwargs`), flat (D,) feature vectors in_features
+    where the architecture takes it (``mlp``, or a custom factory naming it)."""
+    if len(sample_shape) == 3:
+        return image_kwargs(arch, sample_shape[0], sample_shape[-1])
+    if len(sample_shape) != 1:
+        return {}
+    if ":" in arch:
+        takes = "in_features" in accepted_kwargs(arch, ("in_features",))
+    else:
+        takes = arch in _REGISTRY and "in_features" in _REGISTRY[arch][1]
+    return {"in_features": int(sample_shape[0])} if takes else {}
 
 
 def build_model(arch: str, num_classes: int, **arch_kwargs: Any) -> nn.Module:
