@@ -72,7 +72,7 @@ def _inspect_dir(path: Path, trust: tuple[str, ...], out: Out, data: Path | None
     rows += [{"file": f.name, "status": f"refused: {why}"} for f, why in received.refused]
     rows.sort(key=lambda r: r["file"])
     if not rows:
-        raise InputError(f"{path}: holds no received models (.safetensors or .pt)")
+        raise InputError(f"{path}: holds no received models (.safetensors, .pt or .onnx)")
     out.say(table([[r["file"], r.get("party"), r.get("role"), r.get("arch"), r.get("classes"),
                     r.get("samples"), r.get("loss"), r.get("round"),
                     _counts(r.get("label_counts")), r["status"]] for r in rows],
