@@ -8,7 +8,7 @@ import click
 
 from mrtf.cli.common import Out, output_options, table
 from mrtf.errors import InputError, clip
-from mrtf.io.bundles import load_bundle, load_received
+from mrtf.io.bundles import MODEL_SUFFIXES, load_bundle, load_received
 from mrtf.io.hdf5 import describe_h5
 
 
@@ -32,7 +32,7 @@ def inspect(path: Path, trust_arch: tuple[str, ...], out: Out, data: Path | None
         raise InputError("--data applies to a received directory only")
     if path.is_dir():
         _inspect_dir(path, trust_arch, out, data, device)
-    elif path.suffix in (".safetensors", ".pt"):
+    elif path.suffix in MODEL_SUFFIXES:
         model = load_bundle(path, trust_arch)
         for note in model.notes:
             out.warn(f"{path.name}: {note}")
@@ -52,7 +52,7 @@ def inspect(path: Path, trust_arch: tuple[str, ...], out: Out, data: Path | None
         out.summary({"command": "inspect", "kind": "hdf5", **info})
     else:
         raise InputError(f"{path}: don't know how to inspect this (expected a directory, "
-                         ".safetensors, .pt or .h5)")
+                         ".safetensors, .pt, .onnx or .h5)")
 
 
 def _model_row(m) -> dict:
