@@ -141,5 +141,5 @@ def test_sklearn_parties_refine_into_a_student(tmp_path):
               tmp_path / "l.h5", "--student-arch", "mlp", "--steps", 200, "--json")
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout)
-    assert summary["accuracy"]["targets"] >= min(alone) - 0.05, (summary["accuracy"], alone)
-    assert summary["accuracy"]["refined"] >= 0.8, (summary["accuracy"], alone)
+    # the labels (neighbour vote of the refined student) match the parties' mean accuracy
+    assert summary["accuracy"]["refined"] >= np.mean(alone) - 0.02, (summary["accuracy"], alone)
