@@ -148,6 +148,9 @@ def refine_cmd(received: Path, data: Path | None, labels_out: Path | None,
         for note in rs.notes:
             out.warn(note)
         job = "refine"
+        if data is None and any(m.onnx for m in rs.models):
+            raise InputError("data-free fusion trains a generator through the teachers' "
+                             "gradients, which ONNX models do not give: refine with --data")
         if data is None:
             from mrtf.datafree import choose_method
 

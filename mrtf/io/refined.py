@@ -57,8 +57,10 @@ def student_of_onnx_set(rs: ReceivedSet) -> tuple[nn.Module, BundleMeta, str] | 
                          "model to refine with --student-arch ARCH (a built-in name or your "
                          "own module:factory) or --student FILE")
     model, _ = average_received(torch_parties)
+    n_onnx = len(locals_) - len(torch_parties)
+    teach = "party teaches" if n_onnx == 1 else "parties teach"
     note = (f"the student starts from the parameter average of the {len(torch_parties)} "
-            f"PyTorch parties; the {len(locals_) - len(torch_parties)} ONNX parties teach")
+            f"PyTorch parties; the {n_onnx} ONNX {teach}")
     return model, torch_parties[0].meta, note
 
 

@@ -143,3 +143,19 @@ def test_sklearn_parties_refine_into_a_student(tmp_path):
     summary = json.loads(res.stdout)
     # the labels (neighbour vote of the refined student) match the parties' mean accuracy
     assert summary["accuracy"]["refined"] >= np.mean(alone) - 0.02, (summary["accuracy"], alone)
+
+
+def test_onnx_only_sets_say_what_is_missing(tmp_path):
+    (tmp_path / "recv").mkdir()
+    save(tmp_path / "recv" / "a.onnx", linear_graph())
+    with h5py.File(tmp_path / "t.h5", "w") as f:
+        f["x"] = np.random.default_rng(0).random((16, 4), dtype=np.float32)
+    res = run("refine", tmp_path / "recv", "--data", tmp_path / "t.h5", "--labels",
+              tmp_path / "l.h5")
+    assert res.exit_code == 2 and "--student-arch" in res.stderr, res.output
+    res = run("refine", tmp_path / "recv", "--model", tmp_path / "m.safetensors")
+    assert res.exit_code == 2 and "refine with --data" in res.stderr, res.output
+    res = run("refine", tmp_path / "recv", "--data", tmp_path / "t.h5", "--labels",
+              tmp_path / "l.h5", "--student-arch", "mlp", "--steps", 5)
+    assert res.exit_code == 0, res.output
+    assert not any(tmp_path.glob("*.tmp*")) and (tmp_path / "l.h5").is_file()
