@@ -7,7 +7,9 @@ standard operators a classifier needs: operators of other domains (custom kernel
 functions, control flow (Loop, If, Scan) or any sub-graph, tensors in external data files,
 initializers or constants beyond the size bounds of every received file (mrtf/io/limits.py),
 more than :data:`MAX_NODES` nodes, or operators whose output size is read from the data
-(ConstantOfShape, Expand, Tile, Range, Resize, Pad: a small file asking for terabytes).
+(ConstantOfShape, Expand, Tile, Range, Resize, Pad: a small file asking for terabytes); and
+then any tensor whose size does not follow from the input's shape or exceeds the bounds of
+mrtf/io/onnx_bounds.py (a graph that multiplies its activations).
 
 Metadata: the same ``mrtf.*`` keys as a safetensors header, in the model's ``metadata_props``
 or, when it has none, in a ``.json`` sidecar of the same name (docs/your-own-models.md).
@@ -19,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ import torch
 
 from mrtf.errors import InputError, first_line
 from mrtf.io.limits import MAX_FILE_BYTES, MAX_PARAMS, check_regular_file
+from mrtf.io.onnx_bounds import pruned, rows_per_call
 from mrtf.io.readers import read_sidecar
 from mrtf.models.onnx_teacher import OnnxOutputs, OnnxTeacher, onnx_teacher
 
@@ -97,6 +100,9 @@ def read_onnx(p: Path) -> tuple[dict[str, str], CheckedOnnx]:
     try:
         check_graph(model)
         outputs = choose_outputs(model)
+        # cut to what the used outputs need, then bound every tensor's size (onnx_bounds.py)
+        model = pruned(model, [n for n in (outputs.scores, outputs.features) if n])
+        outputs = replace(outputs, rows_per_call=rows_per_call(model, outputs.input_name))
     except InputError as exc:
         raise InputError(f"{p}: {exc}") from None
     head = {kv.key: kv.value for kv in model.metadata_props if kv.key.startswith("mrtf.")}
@@ -229,14 +235,12 @@ def choose_outputs(model: Any) -> OnnxOutputs:
 
 
 def _unzipped(model: Any, name: str) -> str:
-    """A ZipMap's output (a list of dictionaries) is read as the tensor it zips, which is
-    added to the graph's outputs."""
+    """A ZipMap's output (a list of dictionaries) is read as the tensor it zips (the graph is
+    then cut to end there)."""
     node = next((n for n in model.graph.node if name in n.output), None)
     if node is None or node.op_type != "ZipMap":
         return name
-    source = node.input[0]
-    model.graph.output.append(onnx.helper.make_tensor_value_info(source, _FLOAT, None))
-    return source
+    return node.input[0]
 
 
 def _session(p: Path, model: Any) -> Any:

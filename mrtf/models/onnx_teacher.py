@@ -35,6 +35,7 @@ class OnnxOutputs:
     kind: str
     features: str | None = None
     batch: int | None = None  # a fixed batch size the graph was exported with, else None
+    rows_per_call: int = 1024  # samples per session call (its memory bound)
 
 
 class OnnxTeacher(nn.Module):
@@ -50,7 +51,7 @@ class OnnxTeacher(nn.Module):
 
     def _run(self, x: torch.Tensor, names: list[str]) -> list[np.ndarray]:
         arr = np.ascontiguousarray(x.detach().to("cpu", torch.float32).numpy())
-        step = self.outputs.batch or max(len(arr), 1)
+        step = self.outputs.batch or max(1, min(len(arr), self.outputs.rows_per_call))
         parts = []
         for s in range(0, len(arr), step):
             block = arr[s:s + step]

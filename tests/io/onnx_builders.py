@@ -143,6 +143,41 @@ def _metadata_twice(p: Path) -> Path:
     return save(p, linear_graph())
 
 
+def _doubling(p: Path) -> Path:
+    # logits concatenated with itself 40 times: 3 · 2^40 values per sample from a 2 KB file
+    nodes, last = [], "x"
+    for k in range(40):
+        nodes.append(helper.make_node("Concat", [last, last], [f"d{k}"], axis=1))
+        last = f"d{k}"
+    return save(p, _with_scores_from(linear_graph(nodes), last))
+
+
+def _with_scores_from(g: onnx.GraphProto, name: str) -> onnx.GraphProto:
+    """``g`` whose scores output (logits) also depends on tensor ``name``."""
+    g.node[0].output[0] = "mm"
+    red = helper.make_node("ReduceMax", [name], ["r"], keepdims=1)
+    add = helper.make_node("Add", ["mm", "r"], ["logits"])
+    g.node.extend([red, add])
+    del g.output[1:]
+    return g
+
+
+def _quadratic(p: Path) -> Path:
+    # the batch reshaped to a column times itself as a row: (4n)^2 values for n samples
+    col = numpy_helper.from_array(np.array([-1, 1], dtype=np.int64), "col")
+    row = numpy_helper.from_array(np.array([1, -1], dtype=np.int64), "row")
+    nodes = [helper.make_node("Reshape", ["x", "col"], ["c"]),
+             helper.make_node("Reshape", ["x", "row"], ["r0"]),
+             helper.make_node("MatMul", ["c", "r0"], ["outer"])]
+    return save(p, _with_scores_from(linear_graph(nodes, [col, row]), "outer"))
+
+
+def _dynamic_input(p: Path) -> Path:
+    g = linear_graph()
+    g.input[0].type.tensor_type.shape.dim[1].dim_param = "d"
+    return save(p, g)
+
+
 #: (case id, builder, what the one-line error says)
 HOSTILE: list[tuple[str, Callable[[Path], Path], str]] = [
     ("huge-initializer", _huge_initializer, "declares 10,000,000,000 values"),
@@ -158,6 +193,9 @@ HOSTILE: list[tuple[str, Callable[[Path], Path], str]] = [
     ("too-many-nodes", _too_many_nodes, "more than the 20,000 allowed"),
     ("local-function", _local_function, "custom operator domain 'local'"),
     ("two-inputs", _two_inputs, "has 2 inputs"),
+    ("concat-doubling", _doubling, "values per sample, more than the"),
+    ("quadratic-in-batch", _quadratic, "grows faster than the batch"),
+    ("dynamic-input", _dynamic_input, "input shape must be fixed"),
     ("not-onnx", _not_onnx, "not a readable ONNX model"),
     ("no-metadata", _no_metadata, "no mrtf.* metadata"),
     ("metadata-twice", _metadata_twice, "keep one of them"),
