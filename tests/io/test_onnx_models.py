@@ -51,6 +51,20 @@ def test_metadata_from_a_sidecar_and_probabilities_as_log(tmp_path):
     torch.testing.assert_close(m.build()(x), torch.log_softmax(x @ w, 1))
 
 
+def test_a_features_output_gives_the_teacher_features(tmp_path):
+    from onnx import TensorProto, helper
+
+    graph = linear_graph([helper.make_node("Relu", ["x"], ["features"])])
+    graph.output.append(helper.make_tensor_value_info("features", TensorProto.FLOAT, ["n", 4]))
+    teacher = load_bundle(save(tmp_path / "p.onnx", graph)).build()
+    x = torch.randn(3, 4)
+    h, logits = teacher.forward_features(x)
+    torch.testing.assert_close(h, torch.relu(x))
+    torch.testing.assert_close(logits, teacher(x))
+    plain = load_bundle(save(tmp_path / "q.onnx", linear_graph())).build()
+    assert not hasattr(plain, "forward_features")  # then the student's features are used
+
+
 @pytest.mark.parametrize("case", HOSTILE, ids=[c[0] for c in HOSTILE])
 def test_hostile_graphs_get_one_line_and_exit_2(case, tmp_path):
     _, build, says = case
