@@ -107,6 +107,10 @@ def test_a_received_file_runs_user_code_only_when_trusted(in_folder):
         load_bundle(in_folder / "p.pt")
     received = load_bundle(in_folder / "p.pt", trusted_archs=["usernet:make"])
     assert set(received.state_dict) == set(received.build().state_dict())
+    # a state dict saved from nn.DataParallel gets the fix, not only the key lists
+    torch.save({f"module.{k}": v for k, v in received.state_dict.items()}, in_folder / "p.pt")
+    with pytest.raises(InputError, match=r"save model.module.state_dict\(\) instead"):
+        load_bundle(in_folder / "p.pt", trusted_archs=["usernet:make"])
 
 
 def test_student_kwargs_follow_the_factory_signature(in_folder):
