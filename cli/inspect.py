@@ -39,6 +39,9 @@ def inspect(path: Path, trust_arch: tuple[str, ...], out: Out, data: Path | None
         info = _model_row(model)
         info["tensors"] = len(model.state_dict)
         info["parameters"] = int(sum(t.numel() for t in model.state_dict.values()))
+        if model.onnx is not None:  # a graph: its nodes and stored values instead
+            info["tensors"] = f"{len(model.onnx.model.graph.node)} ONNX nodes"
+            info["parameters"] = model.onnx.values
         for key, value in info.items():
             out.say(f"{key:>12}: {value}")
         out.summary({"command": "inspect", "kind": "model", **info})

@@ -74,6 +74,7 @@ class CheckedOnnx:
     model: Any  # onnx.ModelProto, with the outputs it is run for
     outputs: OnnxOutputs
     sha256: str
+    values: int  # stored values: initializers and constants (its "parameters")
     notes: list[str] = field(default_factory=list)
     _session: Any = None
 
@@ -98,7 +99,7 @@ def read_onnx(p: Path) -> tuple[dict[str, str], CheckedOnnx]:
     except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and friends
         raise InputError(f"{p}: not a readable ONNX model ({first_line(exc, 100)})") from None
     try:
-        check_graph(model)
+        values = check_graph(model)
         outputs = choose_outputs(model)
         # cut to what the used outputs need, then bound every tensor's size (onnx_bounds.py)
         model = pruned(model, [n for n in (outputs.scores, outputs.features) if n])
@@ -122,11 +123,12 @@ def read_onnx(p: Path) -> tuple[dict[str, str], CheckedOnnx]:
     # each file is its own architecture (its graph), told apart by its hash
     sha = hashlib.sha256(data).hexdigest()
     head = {**head, "mrtf.arch": ONNX_ARCH, "mrtf.arch_kwargs": json.dumps({"sha256": sha[:16]})}
-    return head, CheckedOnnx(p, model, outputs, sha, notes)
+    return head, CheckedOnnx(p, model, outputs, sha, values, notes)
 
 
-def check_graph(model: Any) -> None:
-    """Refuse what could run code, read other files or take unbounded memory (module doc)."""
+def check_graph(model: Any) -> int:
+    """Refuse what could run code, read other files or take unbounded memory (module doc);
+    returns the number of stored values (initializers and constants)."""
     domains = {o.domain for o in model.opset_import} - set(_STANDARD) - {_ML}
     if domains:
         raise InputError(f"uses custom operator domain {sorted(domains)[0]!r}; only the "
@@ -152,6 +154,7 @@ def check_graph(model: Any) -> None:
     if total > MAX_PARAMS:
         raise InputError(f"its initializers and constants declare {total:,} values, more "
                          f"than the {MAX_PARAMS:,} allowed for a received model")
+    return total
 
 
 def _check_node(node: Any) -> None:
