@@ -13,22 +13,28 @@ bounded whatever the target set's size.
 
 from __future__ import annotations
 
+import importlib
 import math
+from types import ModuleType
 from typing import Any
 
 from mrtf.errors import InputError, first_line
 from mrtf.io.limits import MAX_SAMPLE_VALUES
 
-try:  # the optional extra `onnx` (mrtf/io/onnx_files.py says how to install it)
-    import onnx
-    from onnx import shape_inference
-except ImportError:  # pragma: no cover - exercised where the extra is not installed
-    onnx = shape_inference = None
-
 #: values all tensors of one sample may hold together (its activations)
 MAX_SAMPLE_ACTIVATIONS = 16 * MAX_SAMPLE_VALUES
 #: values all tensors of one session call may hold together (float32: 1 GiB)
 MAX_CALL_VALUES = 1 << 28
+
+
+def onnx_module(name: str = "onnx") -> ModuleType:
+    """A module of the optional extra (onnx, onnx.shape_inference, onnxruntime), imported at
+    the first .onnx file: importing onnx takes ~0.5 s that no other command should pay."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise InputError("reading ONNX models needs the onnx extra: pip install "
+                         "'mrtf[onnx]' (onnx and onnxruntime)") from None
 
 
 def pruned(model: Any, keep: list[str]) -> Any:
@@ -45,7 +51,7 @@ def pruned(model: Any, keep: list[str]) -> Any:
             stack.extend(graph.node[i].input)
     nodes = [graph.node[i] for i in sorted(needed)]
     used = {name for n in nodes for name in n.input} | set(keep)
-    out = onnx.ModelProto()
+    out = type(model)()
     out.CopyFrom(model)
     del out.graph.node[:]
     out.graph.node.extend(nodes)
@@ -53,8 +59,10 @@ def pruned(model: Any, keep: list[str]) -> Any:
     del out.graph.initializer[:]
     out.graph.initializer.extend(inits)
     del out.graph.output[:]
-    out.graph.output.extend(onnx.helper.make_tensor_value_info(k, onnx.TensorProto.FLOAT, None)
-                            for k in keep)
+    for name in keep:
+        value = out.graph.output.add()
+        value.name = name
+        value.type.tensor_type.elem_type = 1  # TensorProto.FLOAT
     del out.graph.value_info[:]
     return out
 
@@ -98,11 +106,12 @@ def _input_dims(model: Any, input_name: str) -> Any:
 def _sizes(model: Any, input_name: str, batch: int) -> dict[str, tuple[str, int]]:
     """Every node output's (operator, element count) for a batch of ``batch`` samples, by ONNX
     shape inference; InputError when one cannot be known."""
-    probe = onnx.ModelProto()
+    probe = type(model)()
     probe.CopyFrom(model)
     _input_dims(probe, input_name)[0].dim_value = batch
+    inference = onnx_module("onnx.shape_inference")
     try:
-        inferred = shape_inference.infer_shapes(probe, strict_mode=False, data_prop=True)
+        inferred = inference.infer_shapes(probe, strict_mode=False, data_prop=True)
     except Exception as exc:  # noqa: BLE001 - onnx's inference raises its own types
         raise InputError(f"its shapes cannot be inferred ({first_line(exc, 100)})") from None
     known = {v.name: v for v in (*inferred.graph.value_info, *inferred.graph.output)}

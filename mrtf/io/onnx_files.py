@@ -29,15 +29,9 @@ import torch
 
 from mrtf.errors import InputError, first_line
 from mrtf.io.limits import MAX_FILE_BYTES, MAX_PARAMS, check_regular_file
-from mrtf.io.onnx_bounds import pruned, rows_per_call
+from mrtf.io.onnx_bounds import onnx_module, pruned, rows_per_call
 from mrtf.io.readers import read_sidecar
 from mrtf.models.onnx_teacher import OnnxOutputs, OnnxTeacher, onnx_teacher
-
-try:  # the optional extra `onnx`: only .onnx files need it
-    import onnx
-    import onnxruntime
-except ImportError:  # pragma: no cover - exercised where the extra is not installed
-    onnx = onnxruntime = None
 
 ONNX_ARCH = "onnx"
 MAX_NODES = 20_000
@@ -63,7 +57,9 @@ ArrayFeatureExtractor Binarizer LabelEncoder LinearClassifier Normalizer Scaler 
 _CONTROL_FLOW = frozenset({"Loop", "If", "Scan"})
 # TensorProto data types an initializer may have (no strings, no 4/8-bit floats)
 _DTYPES = {1: 4, 2: 1, 3: 1, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2}
-_FLOAT = 1
+_FLOAT = 1  # TensorProto.FLOAT
+_EXTERNAL = 1  # TensorProto.EXTERNAL: the data lives in another file
+_GRAPH_ATTRIBUTES = (5, 10)  # AttributeProto.GRAPH, AttributeProto.GRAPHS
 
 
 @dataclass
@@ -88,12 +84,13 @@ def read_onnx(p: Path) -> tuple[dict[str, str], CheckedOnnx]:
     """(``mrtf.*`` header keys, the checked graph) of a received ``.onnx`` file; InputError
     naming ``p`` for anything refused. Metadata comes from ``metadata_props``, else from the
     ``.json`` sidecar."""
-    if onnx is None or onnxruntime is None:
-        raise InputError(f"{p}: reading ONNX models needs the onnx extra: "
-                         "pip install 'mrtf[onnx]' (onnx and onnxruntime)")
+    try:
+        model = onnx_module("onnx").ModelProto()
+        onnx_module("onnxruntime")
+    except InputError as exc:
+        raise InputError(f"{p}: {exc}") from None
     check_regular_file(p, "model file", MAX_FILE_BYTES)
     data = p.read_bytes()
-    model = onnx.ModelProto()
     try:
         model.ParseFromString(data)
     except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and friends
@@ -161,7 +158,7 @@ def _check_node(node: Any) -> None:
     op, domain = node.op_type, node.domain
     if op in _CONTROL_FLOW:
         raise InputError(f"uses control flow ({op}); only feed-forward graphs are run")
-    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+    if any(a.type in _GRAPH_ATTRIBUTES
            or a.HasField("g") or len(a.graphs) for a in node.attribute):
         raise InputError(f"node {op} holds a nested sub-graph; only flat graphs are run")
     if any(a.HasField("sparse_tensor") or len(a.sparse_tensors) for a in node.attribute):
@@ -182,7 +179,7 @@ def _check_node(node: Any) -> None:
 def _tensor_size(t: Any, what: str) -> int:
     """Element count of a stored tensor, refused when it lives in an external file, has an
     unaccepted type, declares more values than the bound, or stores other than it declares."""
-    if t.data_location == onnx.TensorProto.EXTERNAL or len(t.external_data):
+    if t.data_location == _EXTERNAL or len(t.external_data):
         raise InputError(f"{what} {t.name[:40]!r} is stored in an external data file; "
                          "received models must be self-contained (save with all tensors in "
                          "the .onnx file)")
@@ -249,6 +246,7 @@ def _unzipped(model: Any, name: str) -> str:
 def _session(p: Path, model: Any) -> Any:
     """An onnxruntime CPU session of the checked graph (from bytes: no path to resolve
     external files against), with torch's thread count (deterministic per machine)."""
+    onnxruntime = onnx_module("onnxruntime")
     opts = onnxruntime.SessionOptions()
     opts.intra_op_num_threads = max(1, torch.get_num_threads())
     opts.inter_op_num_threads = 1
