@@ -173,3 +173,16 @@ def test_onnx_only_sets_say_what_is_missing(tmp_path):
               tmp_path / "l.h5", "--student-arch", "mlp", "--steps", 5)
     assert res.exit_code == 0, res.output
     assert not any(tmp_path.glob("*.tmp*")) and (tmp_path / "l.h5").is_file()
+
+
+def test_without_the_extra_an_onnx_file_says_what_to_install(tmp_path, monkeypatch):
+    import mrtf.io.onnx_bounds as bounds
+
+    path = save(tmp_path / "p.onnx", linear_graph())
+
+    def missing(name):
+        raise ImportError(name)
+
+    monkeypatch.setattr(bounds.importlib, "import_module", missing)
+    res = run("inspect", path)
+    assert res.exit_code == 2 and "pip install 'mrtf[onnx]'" in res.stderr, res.output
