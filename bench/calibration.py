@@ -9,17 +9,17 @@ label-quality grid (issue 13).
 ``--grid`` is the folder of cached cells (``<cell>/received``, ``<cell>/target.h5``, written by
 bench/label_quality.py). ``--dump`` keeps per cell: the refined probabilities, the consensus
 targets, θ_{t+1}'s probabilities, the local models' logits, the refined model's penultimate
-features (for bench/calibration_select.py) and y (y only scores); the target's neighbourhoods
-are computed from target.h5 on loading and cached beside. ``--fit`` fits the logistic model on
-the 24 grid cells (the T = 200 cells are held out) and reports its leave-one-scenario-out
-error (a scenario = one cell kind, its 3 seeds); ``--report`` uses the library's fixed COEF,
-i.e. what ``mrtf refine`` does, so its numbers are in-sample for the fitted constants (the
-LOSO column of ``--fit`` is the honest out-of-sample figure). ``--fallback``: the same for the
-earlier model without neighbourhoods.
+features (for bench/studies/calibration_select.py) and y (y only scores); the target's
+neighbourhoods are computed from target.h5 on loading and cached beside. ``--fit`` fits the
+logistic model on the 24 grid cells (the T = 200 cells are held out) and reports its leave-one-
+scenario-out error (a scenario = one cell kind, its 3 seeds); ``--report`` uses the library's
+fixed COEF, i.e. what ``mrtf refine`` does, so its numbers are in-sample for the fitted
+constants (the LOSO column of ``--fit`` is the honest out-of-sample figure). ``--fallback``:
+the same for the earlier model without neighbourhoods.
 
 ``--bands --fresh DIR --fresh-grid GRID`` sets mrtf.trust.calibration.ERROR_BANDS: the
 out-of-sample errors of the grid's leave-one-scenario-out estimates, the T = 200 cells and
-the fresh cells of bench/calibration_fresh.py (DIR = its ``calib`` dumps, GRID = its
+the fresh cells of bench/studies/calibration_fresh.py (DIR = its ``calib`` dumps, GRID = its
 ``received`` cells) per band of the estimate (RMS, 90th percentile of |error|: the ± refine
 prints), and how often each rule's ± held.
 """

@@ -11,8 +11,8 @@ seed 0; the neighbourhoods are those of the subsampled target). The teachers' lo
 θ_{t+1}'s features are cached per received set under ``--out``/class_prior::
 
     OMP_NUM_THREADS=1 python bench/class_prior.py            # writes class_prior.{json,md}
-    # every received set cached under runs/fresh/received (bench/calibration_fresh.py): cells
-    # never used to choose the rule
+    # every received set cached under runs/fresh/received (bench/studies/calibration_fresh.py):
+    # cells never used to choose the rule
     OMP_NUM_THREADS=1 python bench/class_prior.py --out runs/fresh --all-cached
 """
 
@@ -23,12 +23,12 @@ import json
 from pathlib import Path
 
 import numpy as np
-from label_quality import GRID, SEEDS, received_set  # bench/ is on sys.path when run
+from harness import GRID, SEEDS, received_set, softmax  # bench/ is on sys.path when run
 
 from mrtf.io import ArraySource, H5Dataset, load_received
 from mrtf.refinery import RefineConfig, newest_locals, refine, teacher_logits
 from mrtf.refinery.adaptive import adaptive_targets
-from mrtf.refinery.teachers import _softmax_np, stabilized_probs
+from mrtf.refinery.teachers import stabilized_probs
 from mrtf.trust.neighbours import target_neighbours
 
 PRIORS = ("learned", "uniform", "auto")
@@ -64,7 +64,7 @@ def score(d: dict[str, np.ndarray], keep: np.ndarray, prior: str) -> tuple[float
     probs = stabilized_probs(logits, 4.0)
     names = [str(i) for i in range(len(probs))]
     neighbours = target_neighbours(ArraySource(d["x"][keep])) if prior == "auto" else None
-    out = adaptive_targets(probs, names, _softmax_np(logits[-1]), d["feats"][keep], 0, k,
+    out = adaptive_targets(probs, names, softmax(logits[-1]), d["feats"][keep], 0, k,
                            class_prior=prior, neighbours=neighbours)
     acc = float((out.targets.argmax(1) == y).mean())
     if out.prior is None:

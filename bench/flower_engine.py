@@ -1,5 +1,5 @@
 """Flower engine against the in-process engine: the same federation, seed and method in both,
-per-round wall time and final accuracy (run by hand; numbers in the README's Flower section).
+per-round wall time and final accuracy (run by hand; numbers in docs/benchmarks/flower.md).
 
     python bench/flower_engine.py --methods fedavg,adaptive --rounds 2 --threads 1
 

@@ -61,7 +61,7 @@ def compare(k: int, n: int, repeats: int, chunk: int) -> dict:
     from mrtf.refinery.teachers import _looped_forward, _stacked_forward
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from refine_speed import flops_per_sample  # the same FLOP count as the CPU benchmark
+    from harness import flops_per_sample  # the same FLOP count as the CPU benchmark
 
     dev = torch.device("cuda")
     torch.manual_seed(0)

@@ -20,7 +20,7 @@ loses nothing and a rerun only computes what is missing. Run two single-thread p
     python bench/label_quality.py --cells oneshot-dir0.1 --seeds 0 --methods st,adaptive
 
 ``--fresh`` runs and reports the 9 fresh scenarios (:data:`FRESH`) instead of the grid, e.g.
-with ``--out runs/fresh``, where bench/calibration_fresh.py simulated them.
+with ``--out runs/fresh``, where bench/studies/calibration_fresh.py simulated them.
 """
 
 from __future__ import annotations
@@ -35,72 +35,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from harness import CELLS, FRESH, GRID, SEEDS, provenance, received_set, softmax, write_json
 
-from mrtf.federated import export_received, export_target, run_fedavg
-from mrtf.federated.runner import RunConfig, prepare_run
 from mrtf.io import H5Dataset, load_received
 from mrtf.refinery import RefineConfig, accuracy_of, newest_locals, refine, teacher_logits
-from mrtf.refinery.teachers import _softmax_np
-
-_ONE_SHOT = dict(dataset="mnist5k", clients=10, ratio=1.0, rounds=1, epochs=20, batch_size=32)
-_ROUNDS = dict(dataset="mnist5k", clients=20, split="dirichlet:0.1", ratio=0.2, epochs=2,
-               batch_size=32)
-#: cell name → the federation whose last round the pilot party receives
-CELLS: dict[str, RunConfig] = {
-    "oneshot-dir0.1": RunConfig(**_ONE_SHOT, split="dirichlet:0.1"),
-    "oneshot-dir0.5": RunConfig(**_ONE_SHOT, split="dirichlet:0.5"),
-    "oneshot-label2": RunConfig(**_ONE_SHOT, split="label:2"),
-    "rounds-1": RunConfig(**_ROUNDS, rounds=1),
-    "rounds-10": RunConfig(**_ROUNDS, rounds=10),
-    "rounds-50": RunConfig(**_ROUNDS, rounds=50),
-    "digits-to-mnist5k": RunConfig(**{**_ROUNDS, "dataset": "digits"}, target="mnist5k",
-                                   image_size=28, rounds=30),
-    "mnist5k-to-mnistm5k": RunConfig(**_ROUNDS, target="mnistm5k", rounds=30),
-}
-#: longer cross-domain federations (issue 10 asks for T=200, seed 0); not in the grid mean
-CELLS.update({
-    "digits-to-mnist5k-T200": RunConfig(**{**_ROUNDS, "dataset": "digits"}, target="mnist5k",
-                                        image_size=28, rounds=200),
-    "mnist5k-to-mnistm5k-T200": RunConfig(**_ROUNDS, target="mnistm5k", rounds=200),
-})
-GRID = [c for c in CELLS if not c.endswith("-T200")]
-#: fresh cells (``--fresh``): 9 scenarios that no constant, signal or default was chosen on
-#: (first simulated for bench/calibration_fresh.py), so they score the default out of sample
-FRESH: dict[str, RunConfig] = {
-    "oneshot-label3": RunConfig(**_ONE_SHOT, split="label:3"),
-    "oneshot-dir1.0": RunConfig(**_ONE_SHOT, split="dirichlet:1.0"),
-    "rounds-3": RunConfig(**_ROUNDS, rounds=3),
-    "rounds-25": RunConfig(**_ROUNDS, rounds=25),
-    "mnist5k-to-mnistm5k-T10": RunConfig(**_ROUNDS, target="mnistm5k", rounds=10),
-    "mnist5k-to-mnistm5k-T100": RunConfig(**_ROUNDS, target="mnistm5k", rounds=100),
-    "digits-to-mnist5k-T100": RunConfig(**{**_ROUNDS, "dataset": "digits"},
-                                        target="mnist5k", image_size=28, rounds=100),
-    # domain pairs the grid does not have
-    "mnistm5k-to-mnist5k": RunConfig(**{**_ROUNDS, "dataset": "mnistm5k"},
-                                     target="mnist5k", rounds=30),
-    "digits-to-mnistm5k": RunConfig(**{**_ROUNDS, "dataset": "digits"},
-                                    target="mnistm5k", image_size=28, rounds=30),
-}
-CELLS.update(FRESH)
-SEEDS = (0, 1, 2)
-
-
-def received_set(cell: str, seed: int, root: Path) -> tuple[Path, Path]:
-    """The cell's exported received directory and target file (simulated once, cached)."""
-    where = root / "received" / f"{cell}-s{seed}"
-    rx, target = where / "received", where / "target.h5"
-    if rx.is_dir() and target.is_file():
-        return rx, target
-    cfg = CELLS[cell]
-    t0 = time.perf_counter()
-    fed = prepare_run(cfg, seed)
-    sim = run_fedavg(cfg, fed, seed=seed)
-    where.mkdir(parents=True, exist_ok=True)
-    export_target(sim, target)
-    export_received(sim, rx, force=True)
-    print(f"  simulated {cell} seed {seed} in {time.perf_counter() - t0:.0f} s", flush=True)
-    return rx, target
-
 
 # ------------------------------------------------------------------ methods (one row each)
 
@@ -117,7 +55,7 @@ def _ensemble(received, target, seed: int) -> tuple[np.ndarray, dict]:
     """argmax of the local models' AvgProb (Eq. 4), no distillation."""
     models = [m.build("cpu") for m in newest_locals(received)]
     logits = teacher_logits(models, target).logits
-    return _softmax_np(logits).mean(0), {}
+    return softmax(logits).mean(0), {}
 
 
 def _shot(received, target, seed: int) -> tuple[np.ndarray, dict]:
@@ -184,7 +122,8 @@ def run_one(cell: str, seed: int, method: str, root: Path) -> dict:
         probs, extra = METHODS[method](received, target, seed)
         y = target.labels()
     row = {"cell": cell, "seed": seed, "method": method, "accuracy": accuracy_of(probs, y),
-           "seconds": time.perf_counter() - t0, "threads": torch.get_num_threads(), **extra}
+           "seconds": time.perf_counter() - t0, "threads": torch.get_num_threads(), **extra,
+           "provenance": provenance()}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(row, indent=1))
@@ -277,8 +216,7 @@ def report(root: Path, methods: list[str], grid: list[str] = GRID,
            title: str = "grid mean") -> None:
     rows = collect(root)
     summary = summarise(rows)
-    (root / "label_quality.json").write_text(json.dumps({"summary": summary, "rows": rows},
-                                                        indent=1))
+    write_json(root / "label_quality.json", {"summary": summary, "rows": rows})
     md = markdown(summary, methods, grid, title)
     (root / "label_quality.md").write_text(md)
     plot(summary, methods, root / "label_quality.png", grid)

@@ -93,30 +93,6 @@ def worker(args) -> dict:
     return res
 
 
-def flops_per_sample(model, probe) -> int:
-    """Multiply-adds × 2 of every Conv2d and Linear on one sample (forward hooks): LeNet at
-    28×28 is 2 × (230,400 + 409,600 + 30,720 + 10,080 + 840) = 1,363,280 FLOP."""
-    import torch
-    from torch import nn
-
-    total = [0]
-
-    def conv(m, _i, o):
-        total[0] += 2 * o[0].numel() * (m.in_channels // m.groups) * m.kernel_size[0] * \
-            m.kernel_size[1]
-
-    def lin(m, _i, o):
-        total[0] += 2 * m.in_features * m.out_features
-
-    hooks = [m.register_forward_hook(conv if isinstance(m, nn.Conv2d) else lin)
-             for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
-    with torch.inference_mode():
-        model(probe[:1])
-    for h in hooks:
-        h.remove()
-    return total[0]
-
-
 def _peak_kernels():
     """name → (callable, FLOP): one big GEMM (2,048² × 2,048) and one big conv (32×64×56×56,
     3×3, 64 channels, channels-last), the machine's practical fp32 peak at this thread count."""
@@ -153,6 +129,7 @@ def _paths(models, x):
 def compare(k: int, n: int, threads: int, repeats: int) -> dict:
     """Interleaved best-of-``repeats`` timings of the teacher paths in this process."""
     import torch
+    from harness import flops_per_sample  # (imports here keep the workers' RSS clean)
 
     from mrtf.models import build_model
 

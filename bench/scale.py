@@ -182,7 +182,9 @@ def main() -> None:
             done.write_text(json.dumps(row, indent=2))
             print(_fmt(row), flush=True)
     rows = collect(root)
-    (root / "scale.json").write_text(json.dumps(rows, indent=2))
+    from harness import write_json  # here: the --cell workers' peak RSS stays clean
+
+    write_json(root / "scale.json", {"rows": rows})
     plot(rows, root / "scale.png")
     print(f"saved {root / 'scale.json'} and {root / 'scale.png'} ({len(rows)} cells)")
 

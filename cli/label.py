@@ -3,25 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 
 from mrtf.cli.common import Out, output_options, run_guarded
 from mrtf.errors import InputError
-from mrtf.io.bundles import (
-    load_bundle,
-)
-from mrtf.io.fits import check_model_fits
+from mrtf.io.bundles import load_bundle
 from mrtf.io.hdf5 import H5Dataset
-from mrtf.io.labels import LabelSet, write_labels
+from mrtf.io.labels import write_labels
 from mrtf.io.labels_csv import write_labels_csv
-from mrtf.io.limits import check_memory
+from mrtf.io.limits import check_memory, labeling_bytes
 from mrtf.io.outputs import Outputs
+from mrtf.labeling import label as label_data
 from mrtf.progress import log_lines
-from mrtf.refinery import accuracy_of, predict_probs
-from mrtf.trust.calibration import uncalibrated
-from mrtf.trust.selective import check_selection, select
+from mrtf.refinery import accuracy_of
+from mrtf.trust.selective import check_selection
 
 
 @click.command()
@@ -56,21 +52,17 @@ def label(model: Path, data: Path, labels_out: Path | None, csv_out: Path | None
         for note in bundle.notes:
             out.warn(f"{bundle.path.name}: {note}")
         with H5Dataset(data) as source:
-            net = bundle.build()
-            check_model_fits(net, bundle.path.name, source, bundle.meta.num_classes,
-                             bundle.meta.arch_kwargs)
-            check_memory(len(source) * bundle.meta.num_classes * 4 * 4,
+            check_memory(labeling_bytes(len(source), bundle.meta.num_classes),
                          f"labeling {len(source):,} samples")
             outs.check_space({p: len(source) * (bundle.meta.num_classes + 6) * 4
                               for p in (labels_out, csv_out) if p is not None})
+            source.check_columns(bundle.meta.num_classes, f" of {bundle.path.name}")
             with log_lines(out.progress):
-                probs = run_guarded(lambda: predict_probs(net, source, batch_size, device))
-            cal = uncalibrated(probs, _temperature(bundle))
-            selection = select(cal.confidence, min_confidence, coverage)
-            labels = LabelSet.from_probs(
-                probs, source.ids(), cal.confidence,
-                None if selection is None else selection.abstained,
-                {**cal.attrs(), **({"selection": selection.to_dict()} if selection else {})})
+                result = run_guarded(lambda: label_data(
+                    bundle, source, batch_size=batch_size, device=device,
+                    min_confidence=min_confidence, coverage=coverage))
+            probs, labels, cal, selection = (result.probs, result.labels, result.calibration,
+                                             result.selection)
             if labels_out is not None:
                 with outs.writing(labels_out) as tmp:
                     write_labels(tmp, labels, "label", {"model": str(model)},
@@ -96,18 +88,3 @@ def label(model: Path, data: Path, labels_out: Path | None, csv_out: Path | None
                  "calibration": cal.attrs(),
                  "selection": None if selection is None else selection.to_dict()})
 
-
-def _temperature(bundle: Any) -> float | None:
-    """The temperature a refined model carries (``mrtf.calibration``), or None. The value comes
-    from an untrusted file: anything but a finite positive number is ignored."""
-    import json
-    import math
-
-    raw = bundle.meta.extra.get("mrtf.calibration")
-    if raw is None:
-        return None
-    try:
-        t = float(json.loads(raw)["temperature"])
-    except (TypeError, ValueError, KeyError):
-        return None
-    return t if math.isfinite(t) and 0.01 <= t <= 1000 else None

@@ -7,6 +7,7 @@ import click
 import mrtf
 from mrtf.cli.common import MrtfGroup
 from mrtf.cli.convert import convert
+from mrtf.cli.data import data
 from mrtf.cli.demo import demo
 from mrtf.cli.inspect import inspect
 from mrtf.cli.label import label
@@ -22,7 +23,7 @@ def cli() -> None:
     """mrtf: refine received models into one model and one labeled dataset."""
 
 
-for command in (simulate, refine_cmd, label, score, inspect, convert, demo, report):
+for command in (simulate, refine_cmd, label, score, inspect, convert, demo, report, data):
     cli.add_command(command)
 
 

@@ -169,6 +169,9 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, outs: Outputs,
                       out: Out) -> None:
     student, student_meta = load_student(rs, opts, source.sample_shape, out)
     cfg = _checked_config(rs, source, outs, labels_out, model_out, opts, out.progress)
+    # y and ids are read (in blocks) now that the job's size is checked: a bad one found
+    # after the refinement would waste it
+    source.check_columns(rs.num_classes, " of the received models")
     probe_outputs(rs, source, student)
     if cfg.method == "adaptive" and cfg.augment and not applies(source.sample_shape):
         out.say(f"note: input jitter is for images; off for samples of shape "

@@ -77,16 +77,13 @@ def _truth(labels: Path, truth: Path, predicted) -> np.ndarray:
         if len(ds) != len(predicted.labels):  # before reading y: its row count is declared
             raise InputError(f"{labels} holds {len(predicted.labels)} labels but {truth} has "
                              f"{len(ds)} samples")
+        # the labels file says how many classes there are; a y outside them is refused, not
+        # given a row of its own (y = 10^12 would ask for a 10^12 × 10^12 confusion matrix)
+        ds.check_columns(predicted.probs.shape[1], f" of {labels}")
         y, ids = ds.labels(), ds.ids()
     if predicted.ids is not None and ids is not None and (
             len(ids) != len(predicted.ids) or not np.array_equal(ids, predicted.ids)):
         raise InputError(f"{labels} and {truth} hold different sample ids")
-    # the labels file says how many classes there are; a y outside them is refused, not
-    # given a row of its own (y = 10^12 would ask for a 10^12 × 10^12 confusion matrix)
-    c = predicted.probs.shape[1]
-    if int(y.min()) < 0 or int(y.max()) >= c:
-        raise InputError(f"{truth}: 'y' holds {int(y.min())}..{int(y.max())}, outside the "
-                         f"{c} classes of {labels} (0..{c - 1})")
     return y
 
 

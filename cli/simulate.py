@@ -18,7 +18,9 @@ from mrtf.models import available_archs
 
 @click.command()
 @click.option("--dataset", default="mnist5k", show_default=True,
-              help="Built-in dataset (digits, mnist5k, mnistm5k) or an .h5 file with x and y.")
+              help="Built-in dataset (digits, mnist5k, mnistm5k), a standard one (mnist, usps, "
+                   "mnistm; NAME:SPLIT, e.g. mnist:train; bare NAME = its test split; read "
+                   "from $MRTF_DATA, see `mrtf data`) or an .h5 file with x and y.")
 @click.option("--clients", "-K", default=20, show_default=True, help="Number of clients K.")
 @click.option("--split", default="dirichlet:0.1", show_default=True,
               help="iid, label:C (C classes per client) or dirichlet:ALPHA.")
@@ -31,7 +33,7 @@ from mrtf.models import available_archs
 @click.option("--lr", default=0.05, show_default=True, help="Local SGD learning rate.")
 @click.option("--batch-size", default=16, show_default=True,
               help="Local batch size (16: clients hold ~200 samples; measured in "
-                   "docs/results.md, 64 left a 10-round federation near chance).")
+                   "docs/benchmarks/demo-and-runs.md, 64 left a 10-round federation near chance).")
 @click.option("--mu", default=0.0, show_default=True,
               help="FedProx proximal coefficient μ (0 = FedAvg; evaluation runs: with "
                    "--local-algorithm fedprox, e.g. 0.01).")

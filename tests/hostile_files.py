@@ -244,6 +244,123 @@ def overflow_after_the_probe(w: Path, base: Path) -> list[str]:
 
 
 
+# ------------------------------------------------------------------ round 2 (issue 35)
+
+
+def target_with(w: Path, name: str = "t.h5", **columns: object) -> Path:
+    """A valid target set (x of M rows, y in 0..9) plus ``columns``: arrays, or callables
+    that get the open file and the column name and make the entry themselves (links,
+    declared shapes); None leaves a column out."""
+    path = w / name
+    with h5py.File(path, "w") as f:
+        f["x"] = np.random.default_rng(0).random((M, 1, 8, 8), dtype=np.float32)
+        for key, value in {"y": np.arange(M) % 10, **columns}.items():
+            if value is None:
+                continue
+            if callable(value):
+                if key in f:
+                    del f[key]
+                value(f, key)
+            else:
+                f[key] = value
+    return path
+
+
+def soft_loop(f: h5py.File, key: str) -> None:
+    f[key] = h5py.SoftLink(f"/{key}")
+
+
+def soft_to_plain(f: h5py.File, key: str) -> None:
+    """A soft link to a plain dataset of the same file (no loop)."""
+    f[f"{key}_data"] = np.zeros((M, 1, 8, 8), np.float32) if key == "x" else np.arange(M)
+    f[key] = h5py.SoftLink(f"/{key}_data")
+
+
+def external_to(target: Path, path: str = "/x") -> Callable[[h5py.File, str], None]:
+    def make(f: h5py.File, key: str) -> None:
+        f[key] = h5py.ExternalLink(str(target), path)
+    return make
+
+
+def text_ids(rows: list[bytes]) -> Callable[[h5py.File, str], None]:
+    """``ids`` as variable-length UTF-8 strings holding ``rows`` as raw bytes."""
+    def make(f: h5py.File, key: str) -> None:
+        f.create_dataset(key, data=np.array(rows, dtype=object),
+                         dtype=h5py.string_dtype("utf-8"))
+    return make
+
+
+def declared(shape: tuple[int, ...], dtype: str, chunks: tuple[int, ...]
+             ) -> Callable[[h5py.File, str], None]:
+    """A column that declares ``shape`` and stores nothing (reads as zeros)."""
+    def make(f: h5py.File, key: str) -> None:
+        f.create_dataset(key, shape=shape, dtype=dtype, chunks=chunks)
+    return make
+
+
+def many_files(w: Path, base: Path, count: int) -> Path:
+    """The valid received directory plus ``count`` empty model files (a flood)."""
+    recv = recv_with(w, base, None)
+    for i in range(count):
+        (recv / f"f{i:05d}.safetensors").touch()
+    return recv
+
+
+def raw_safetensors(path: Path, header: bytes, data: bytes) -> Path:
+    """A safetensors file from a header written by hand (JSON text, not checked)."""
+    path.write_bytes(len(header).to_bytes(8, "little") + header + data)
+    return path
+
+
+def duplicate_tensor(path: Path, head: dict | None = None) -> Path:
+    """A valid LeNet party whose header lists its last tensor twice (same bytes): a reader
+    keeping one of them loads a different model than one keeping the other."""
+    state = lenet_state()
+    meta = {k: v for k, v in {**HEAD, **(head or {})}.items() if v is not None}
+    entries, data = [], b""
+    for key in sorted(state):
+        t = state[key].contiguous()
+        raw = t.numpy().tobytes()
+        entries.append(json.dumps(key) + ":" + json.dumps(
+            {"dtype": "F32", "shape": list(t.shape), "data_offsets": [len(data),
+                                                                      len(data) + len(raw)]}))
+        data += raw
+    entries.append(entries[-1])
+    text = "{" + json.dumps("__metadata__") + ":" + json.dumps(meta) + "," + ",".join(entries)
+    return raw_safetensors(path, (text + "}").encode(), data)
+
+
+def duplicate_metadata_key(path: Path) -> Path:
+    """A party whose ``__metadata__`` gives ``mrtf.role`` twice: local, then global."""
+    party(path)
+    data = path.read_bytes()
+    size = int.from_bytes(data[:8], "little")
+    text = data[8:8 + size].decode().replace('"mrtf.role":"local"',
+                                               '"mrtf.role":"local","mrtf.role":"global"')
+    return raw_safetensors(path, text.encode(), data[8 + size:])
+
+
+def huge_party_name(path: Path, size: int) -> Path:
+    """A safetensors file whose header holds a party name of ``size`` bytes, written in
+    pieces (the test process never holds it)."""
+    state = lenet_state()
+    offsets, data = {}, b""
+    for key in sorted(state):
+        raw = state[key].contiguous().numpy().tobytes()
+        offsets[key] = {"dtype": "F32", "shape": list(state[key].shape),
+                        "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    head = json.dumps({**HEAD, "mrtf.party": ""})[:-1].replace('"mrtf.party": ""', "")
+    start = ('{"__metadata__":' + head + '"mrtf.party":"').encode()
+    end = ('"},' + json.dumps(offsets)[1:]).encode()
+    with open(path, "wb") as f:
+        f.write((len(start) + size + len(end)).to_bytes(8, "little") + start)
+        for done in range(0, size, 1 << 20):
+            f.write(b"x" * min(1 << 20, size - done))
+        f.write(end + data)
+    return path
+
+
 def snapshot(root: Path) -> dict[str, int]:
     """Every entry under ``root`` (hidden ones too, links not followed) with its size."""
     out = {}

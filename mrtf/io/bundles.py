@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import save
 from torch import nn
 
-from mrtf.errors import InputError, clip
+from mrtf.errors import InputError, clip, printable
 from mrtf.io.atomic import atomic_path
 from mrtf.io.limits import (
     MAX_CLASSES,
@@ -29,6 +29,8 @@ from mrtf.io.limits import (
     MAX_ROUND,
     bounded_float,
     bounded_int,
+    check_name,
+    check_received_size,
     check_regular_file,
     reference_shapes,
 )
@@ -122,6 +124,8 @@ class BundleMeta:
             raise InputError(f"{source}: {exc}") from None
 
     def _validate(self) -> None:
+        for key in ("party", "arch"):
+            check_name(getattr(self, key), f"mrtf.{key}")
         if not isinstance(self.arch_kwargs, dict):
             raise InputError("mrtf.arch_kwargs must be a JSON object")
         bounded_int(self.num_classes, "mrtf.num_classes", 2, MAX_CLASSES)
@@ -330,11 +334,14 @@ def scan_received(directory: str | os.PathLike
         if e.is_symlink():
             why = "a symbolic link; received models must be regular files in the directory " \
                   "(links are not followed)"
+        elif not e.name.isprintable():
+            why = "its name holds control characters (a newline, a terminal escape)"
         elif e.is_file(follow_symlinks=False):
             if suffix in MODEL_SUFFIXES:
                 files.append(path)
             else:
-                notes.append(f"skipped {e.name} (not a .safetensors, .pt or .onnx model)")
+                notes.append(f"skipped {printable(e.name)} (not a .safetensors, .pt or .onnx "
+                             "model)")
             continue
         elif e.is_dir(follow_symlinks=False):
             why = "a directory (received directories are not searched recursively)"
@@ -343,13 +350,30 @@ def scan_received(directory: str | os.PathLike
         if suffix in MODEL_SUFFIXES:
             refused.append((path, why))
         else:
-            notes.append(f"skipped {e.name}: {why}")
+            notes.append(f"skipped {printable(e.name)}: {why}")
+    check_received_size(d, files)
     return files, refused, notes
 
 
 def model_files(directory: str | os.PathLike) -> list[Path]:
     """The regular model files of a received directory, sorted by name."""
     return scan_received(directory)[0]
+
+
+def headers_first(files: list[Path], refused: list[tuple[Path, str]], strict: bool) -> list:
+    """The files whose safetensors header and claims pass, all read before any weights; the
+    others go to ``refused``, or the first raises when ``strict``."""
+    passed = []
+    for f in files:
+        try:
+            if f.suffix == ".safetensors":
+                BundleMeta.from_header(peek_safetensors(f)[0], str(f))
+            passed.append(f)
+        except InputError as exc:
+            if strict:
+                raise
+            refused.append((f, str(exc).removeprefix(f"{f}: ")))
+    return passed
 
 
 def load_received(directory: str | os.PathLike, trusted_archs: Collection[str] = (),
@@ -362,9 +386,9 @@ def load_received(directory: str | os.PathLike, trusted_archs: Collection[str] =
     files, refused, notes = scan_received(directory)
     if strict and refused:
         path, why = refused[0]
-        raise InputError(f"{path}: {why}")
+        raise InputError(f"{printable(path, 1000)}: {why}")
     models: list[ReceivedModel] = []
-    for f in files:
+    for f in headers_first(files, refused, strict):
         try:
             models.append(load_bundle(f, trusted_archs))
         except InputError as exc:

@@ -18,6 +18,13 @@ import numpy as np
 
 from mrtf.errors import InputError, first_line
 from mrtf.io.atomic import atomic_path
+from mrtf.io.h5checks import (
+    check_ids_header,
+    check_y_header,
+    read_ids,
+    root_dataset,
+    y_range,
+)
 from mrtf.io.limits import (
     MAX_ABS_X,
     MAX_SAMPLE_VALUES,
@@ -33,14 +40,6 @@ def _open(path: str | os.PathLike) -> h5py.File:
     except OSError as exc:
         raise InputError(f"{p}: not a readable HDF5 file ({first_line(exc)})"
                          ) from None
-
-
-def _plain(p: Path, name: str, ds: h5py.Dataset) -> None:
-    """Refuse a virtual or external dataset: it reads other files (any raw file, for external
-    storage) and can declare far more rows than its file holds."""
-    if ds.is_virtual or ds.external:
-        raise InputError(f"{p}: '{name}' is a {'virtual' if ds.is_virtual else 'external'} "
-                         "dataset (it reads other files); store it as a plain dataset")
 
 
 @contextlib.contextmanager
@@ -71,11 +70,12 @@ class H5Dataset:
             raise
 
     def _check(self) -> None:
+        """The header: what ``x`` is (not a link, a plain dataset, its dtype and sample size),
+        and the dtype and shape of ``y`` and ``ids``. Nothing is read but metadata."""
         f, p = self._file, self.path
-        if "x" not in f or not isinstance(f["x"], h5py.Dataset):
+        x = root_dataset(p, f, "x")
+        if x is None:
             raise InputError(f"{p}: has no dataset 'x' (the images to label)")
-        x = f["x"]
-        _plain(p, "x", x)
         if x.ndim < 2:
             raise InputError(f"{p}: 'x' must be (M, ...) with at least 2 dims, got {x.shape}")
         # integers other than uint8 have no agreed scale (0-255? 0-65535?): refused rather
@@ -89,16 +89,26 @@ class H5Dataset:
         if per_row > MAX_SAMPLE_VALUES:
             raise InputError(f"{p}: one sample of 'x' holds {per_row:,} values, more than the "
                              f"{MAX_SAMPLE_VALUES:,} any mrtf model takes")
-        for key in ("y", "ids"):
-            if key in f:
-                if not isinstance(f[key], h5py.Dataset) or f[key].ndim == 0:
-                    raise InputError(f"{p}: '{key}' must be an array with one row per sample")
-                _plain(p, key, f[key])
-                if f[key].shape[0] != x.shape[0]:
-                    raise InputError(f"{p}: '{key}' has {f[key].shape[0]} rows but 'x' has "
-                                     f"{x.shape[0]}")
-        if "y" in f and (f["y"].ndim != 1 or f["y"].dtype.kind not in "iu"):
-            raise InputError(f"{p}: 'y' must be a 1-d integer array")
+        y, ids = root_dataset(p, f, "y"), root_dataset(p, f, "ids")
+        if y is not None:
+            check_y_header(p, y, x.shape[0])
+        if ids is not None:
+            check_ids_header(p, ids, x.shape[0])
+
+    def check_columns(self, num_classes: int | None = None, of: str = "") -> None:
+        """Read ``y`` and ``ids`` in blocks and refuse bad values: a ``y`` outside
+        0..num_classes-1 (``of`` names what gave the class count), an id that is not UTF-8
+        text or too long. Commands call it once the job's size is checked and before any
+        model runs: a bad column found after the work would waste it."""
+        if "ids" in self._file:
+            with _reading(self.path, "ids"):
+                read_ids(self.path, self._file["ids"], keep=False)
+        if self.has_labels and num_classes is not None:
+            with _reading(self.path, "y"):
+                lo, hi = y_range(self._file["y"])
+            if lo < 0 or hi >= num_classes:
+                raise InputError(f"{self.path}: 'y' holds {lo}..{hi}, outside the "
+                                 f"{num_classes} classes{of} (0..{num_classes - 1})")
 
     def __len__(self) -> int:
         return int(self._file["x"].shape[0])
@@ -126,7 +136,7 @@ class H5Dataset:
         if "ids" not in self._file:
             return None
         with _reading(self.path, "ids"):
-            return read_ids(self._file["ids"])
+            return read_ids(self.path, self._file["ids"])
 
     def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Rows [start, stop) of ``x`` as float32 (uint8 scaled by 1/255)."""
@@ -158,12 +168,29 @@ class H5Dataset:
         indices = np.asarray(indices, dtype=np.int64)
         order = np.argsort(indices)
         uniq, inverse = np.unique(indices[order], return_inverse=True)
+        if len(uniq) and (uniq[0] < 0 or uniq[-1] >= len(self)):
+            raise IndexError(f"rows {uniq[0]}..{uniq[-1]} are outside 0..{len(self) - 1}")
         with _reading(self.path, "x"):
-            x = self._file["x"][uniq]
-        x = self._as_float(x)
+            x = self._as_float(self._sorted_rows(uniq))
         out = np.empty((len(indices), *x.shape[1:]), dtype=np.float32)
         out[order] = x[inverse]
         return out
+
+    def _sorted_rows(self, rows: np.ndarray) -> np.ndarray:
+        """``x`` at sorted unique ``rows``, one slice per storage block that holds some of
+        them. (h5py's list indexing takes time in proportion to the dataset's declared
+        length: 38 s for 64 rows of a file declaring 10^9, with SIGTERM waiting on it.)"""
+        x = self._file["x"]
+        if len(rows) == 0:
+            return np.empty((0, *x.shape[1:]), dtype=x.dtype)
+        row_bytes = max(1, x.dtype.itemsize * int(np.prod(x.shape[1:])))
+        block = max(1, min(x.chunks[0] if x.chunks else 1 << 30, (4 << 20) // row_bytes))
+        cuts = np.flatnonzero(np.diff(rows // block)) + 1
+        parts = []
+        for group in np.split(rows, cuts):
+            lo, hi = int(group[0]), int(group[-1]) + 1
+            parts.append(x[lo:hi][group - lo])
+        return np.concatenate(parts)
 
     def close(self) -> None:
         self._file.close()
@@ -302,25 +329,49 @@ def write_ids(f: h5py.File, ids: Any) -> None:
         f.create_dataset("ids", data=arr)
 
 
-def read_ids(ds: h5py.Dataset) -> np.ndarray:
-    """An ``ids`` dataset: strings come back as ``str`` (object array), numbers as numbers."""
-    if h5py.check_string_dtype(ds.dtype) is not None:
-        return ds.asstr()[:]
-    if ds.dtype.kind == "S":
-        return np.array([v.decode(errors="replace") for v in ds[:].tolist()], dtype=object)
-    return ds[:]
-
-
 def describe_h5(path: str | os.PathLike) -> dict[str, Any]:
-    """Datasets (shape, dtype) and attributes of any HDF5 file, for ``mrtf inspect``."""
+    """Datasets (shape, dtype) and attributes of any HDF5 file, for ``mrtf inspect``: at most
+    :data:`MAX_LISTED` of each; links are not followed (``visititems`` walks hard links only)
+    and an attribute is read only when it is at most :data:`MAX_ATTR_BYTES`. Names and
+    values are as stored: printers pass them through ``printable``."""
     with _open(path) as f:
         datasets: dict[str, Any] = {}
+        links: dict[str, str] = {}
 
-        def visit(name: str, obj: Any) -> None:
+        def visit(name: str, obj: Any) -> Any:
             if isinstance(obj, h5py.Dataset):
                 datasets[name] = {"shape": list(obj.shape), "dtype": str(obj.dtype)}
+            return True if len(datasets) >= MAX_LISTED else None  # True stops the walk
 
-        f.visititems(visit)
-        attrs = {k: (v.decode() if isinstance(v, bytes) else
-                     v.item() if hasattr(v, "item") else v) for k, v in f.attrs.items()}
-    return {"path": str(path), "datasets": datasets, "attrs": attrs}
+        def visit_link(name: str, link: Any) -> Any:
+            if isinstance(link, h5py.SoftLink):
+                links[name] = f"soft link to {link.path}"
+            elif isinstance(link, h5py.ExternalLink):
+                links[name] = f"external link to {link.filename}:{link.path}"
+            return True if len(links) >= MAX_LISTED else None
+
+        with _reading(Path(path), "the file's index"):
+            f.visititems(visit)
+            f.visititems_links(visit_link)  # lists links, follows none
+            attrs = {name: _attr(f, name) for name in list(f.attrs)[:MAX_LISTED]}
+    return {"path": str(path), "datasets": datasets, "links": links, "attrs": attrs}
+
+
+#: what ``mrtf inspect FILE.h5`` lists of a file at most: datasets, attributes
+MAX_LISTED = 1000
+MAX_ATTR_BYTES = 1 << 20
+
+
+def _attr(f: h5py.File, name: str) -> Any:
+    """An attribute's value, or a description of it when it is large or unreadable."""
+    try:
+        size = f.attrs.get_id(name).get_storage_size()
+        if size > MAX_ATTR_BYTES:
+            return f"<{size:,} bytes, not shown>"
+        value = f.attrs[name]
+    except (OSError, RuntimeError, KeyError, TypeError, ValueError) as exc:
+        return f"<unreadable: {first_line(exc, 80)}>"
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return value.item() if hasattr(value, "item") and getattr(value, "size", 0) == 1 else \
+        value.tolist() if hasattr(value, "tolist") else value

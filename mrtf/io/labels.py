@@ -16,7 +16,8 @@ import numpy as np
 import mrtf
 from mrtf.errors import InputError
 from mrtf.io.atomic import atomic_path
-from mrtf.io.hdf5 import _open, _plain, _reading, read_ids, write_ids
+from mrtf.io.h5checks import check_ids_header, read_ids, root_dataset
+from mrtf.io.hdf5 import _open, _reading, write_ids
 from mrtf.io.limits import (
     MAX_CLASSES,
     check_memory,
@@ -122,29 +123,30 @@ def read_labels(path: str | os.PathLike) -> LabelSet:
     """Read a labels file written by :func:`write_labels`."""
     p = Path(path)
     with _open(p) as f:
-        if "labels" not in f or not isinstance(f["labels"], h5py.Dataset):
+        # every column a plain dataset of this file (no links, no external storage)
+        found = {key: root_dataset(p, f, key)
+                 for key in ("labels", "probs", "ids", "confidence", "abstained")}
+        lab = found["labels"]
+        if lab is None:
             raise InputError(f"{p}: has no dataset 'labels' (not an mrtf labels file)")
-        for key in ("labels", "probs", "ids", "confidence", "abstained"):
-            if key in f:
-                if not isinstance(f[key], h5py.Dataset):
-                    raise InputError(f"{p}: '{key}' is not a dataset")
-                _plain(p, key, f[key])
-        lab = f["labels"]
         if lab.ndim != 1 or lab.dtype.kind not in "iu" or lab.shape[0] == 0:
             raise InputError(f"{p}: 'labels' must be a non-empty 1-d integer array")
         if "probs" in f and (f["probs"].ndim != 2 or f["probs"].shape[0] != lab.shape[0]
                              or not 2 <= f["probs"].shape[1] <= MAX_CLASSES):
             raise InputError(f"{p}: 'probs' must be (M, C) with M = {lab.shape[0]} rows and "
                              f"2 <= C <= {MAX_CLASSES}, got {f['probs'].shape}")
+        if "ids" in f:
+            check_ids_header(p, f["ids"], lab.shape[0])
         declared = f["probs"].shape[1] if "probs" in f else 1
         check_memory(lab.shape[0] * (declared + 3) * 8, f"reading {p.name}")
         with _reading(p, "labels"):
             raw = lab[:]
             probs = f["probs"][:].astype(np.float32) if "probs" in f else None
-            ids = read_ids(f["ids"]) if "ids" in f else None
+            ids = read_ids(p, f["ids"]) if "ids" in f else None
             conf = _column(p, f, "confidence", lab.shape[0], np.float32)
             abst = _column(p, f, "abstained", lab.shape[0], bool)
-        attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+        attrs = {k: (v.decode(errors="replace") if isinstance(v, bytes) else v)
+                 for k, v in f.attrs.items()}
     c = probs.shape[1] if probs is not None else MAX_CLASSES
     if abst is not None:  # -1 is the label of an abstained row, and only of one
         if not np.array_equal(raw == -1, abst):

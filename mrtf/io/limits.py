@@ -19,10 +19,18 @@ from typing import Any
 
 import torch
 
-from mrtf.errors import InputError
+from mrtf.errors import InputError, printable
 
 MAX_FILE_BYTES = 1 << 30  # one received file, uncompressed (a 50M-parameter float32 model: 200 MB)
 MAX_SIDECAR_BYTES = 1 << 20  # a .pt's .json sidecar
+# A safetensors header (tensor names, shapes, metadata), read before anything is parsed: a
+# 100-class model's header is ~2 KB, label counts of 100,000 classes ~1.3 MB.
+MAX_HEADER_BYTES = 4 << 20
+MAX_NAME_CHARS = 256  # mrtf.party, mrtf.arch: names printed in tables
+# Model files in one received directory, counted (and their sizes summed) from the directory
+# listing before any is opened; the environment variable raises the count.
+MAX_RECEIVED_FILES = 1000
+MAX_RECEIVED_ENV = "MRTF_MAX_RECEIVED"
 MAX_PARAMS = 50_000_000  # parameters + buffers of one model
 MAX_CLASSES = 100_000
 MAX_COUNT = 10**12  # n_samples, each label count
@@ -103,6 +111,19 @@ def bounded_int(value: Any, name: str, low: int, high: int) -> int:
     return value
 
 
+def check_name(value: str | None, key: str) -> None:
+    """A name that is printed (party, architecture): at most :data:`MAX_NAME_CHARS`
+    characters and no control characters, so that it can neither forge a line of output
+    (``mrtf: error: ...``) nor drive a terminal."""
+    if value is None:
+        return
+    if len(value) > MAX_NAME_CHARS:
+        raise InputError(f"{key} is {len(value):,} characters long; at most {MAX_NAME_CHARS}")
+    if not value.isprintable():
+        raise InputError(f"{key} holds control characters (a newline, a terminal escape): "
+                         f"{printable(value, 80)}")
+
+
 def _short(value: int | float) -> str:
     text = str(value)
     return text if len(text) <= 20 else f"a {len(text)}-digit number"
@@ -181,3 +202,38 @@ def check_memory(needed: int, what: str) -> None:
     if needed > avail:
         raise InputError(f"{what} needs about {human_bytes(needed)} of memory, more than the "
                          f"{human_bytes(avail)} available")
+
+
+def labeling_bytes(m: int, c: int) -> int:
+    """Memory to hold the (M, C) outputs of labeling ``m`` samples with ``c`` classes
+    (probabilities and their working copies): what ``mrtf label`` checks first, and
+    ``mrtf inspect --data`` with it, so that a set no command could label is refused at once."""
+    return m * c * 4 * 4
+
+
+def max_received_files() -> int:
+    """:data:`MAX_RECEIVED_FILES`, or the positive integer in ``$MRTF_MAX_RECEIVED``."""
+    raw = os.environ.get(MAX_RECEIVED_ENV)
+    if raw is None or not raw.strip():
+        return MAX_RECEIVED_FILES
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise InputError(f"${MAX_RECEIVED_ENV} must be a positive integer, got {raw[:40]!r}")
+    return value
+
+
+def check_received_size(directory: Path, files: list[Path]) -> None:
+    """A received directory's model files, from the listing and ``stat`` alone: at most
+    :func:`max_received_files` of them, and their bytes (held in memory once loaded, twice
+    while one is read) within the memory available."""
+    limit = max_received_files()
+    if len(files) > limit:
+        raise InputError(f"{directory}: holds {len(files):,} model files, more than the "
+                         f"{limit:,} mrtf loads at once (set {MAX_RECEIVED_ENV}={len(files)} "
+                         "to raise the limit)")
+    total = sum(os.stat(f, follow_symlinks=False).st_size for f in files)
+    check_memory(2 * total, f"loading the {len(files):,} received model files "
+                            f"({human_bytes(total)})")

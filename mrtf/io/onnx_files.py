@@ -128,7 +128,7 @@ def check_graph(model: Any) -> int:
     returns the number of stored values (initializers and constants)."""
     domains = {o.domain for o in model.opset_import} - set(_STANDARD) - {_ML}
     if domains:
-        raise InputError(f"uses custom operator domain {sorted(domains)[0]!r}; only the "
+        raise InputError(f"uses custom operator domain {sorted(domains)[0][:40]!r}; only the "
                          "standard ONNX operators run (no custom kernels)")
     if len(model.functions) or len(model.training_info):
         raise InputError("defines model-local functions or training graphs; only a plain "
@@ -160,15 +160,15 @@ def _check_node(node: Any) -> None:
         raise InputError(f"uses control flow ({op}); only feed-forward graphs are run")
     if any(a.type in _GRAPH_ATTRIBUTES
            or a.HasField("g") or len(a.graphs) for a in node.attribute):
-        raise InputError(f"node {op} holds a nested sub-graph; only flat graphs are run")
+        raise InputError(f"node {op[:40]!r} holds a nested sub-graph; only flat graphs are run")
     if any(a.HasField("sparse_tensor") or len(a.sparse_tensors) for a in node.attribute):
-        raise InputError(f"node {op} holds a sparse tensor; export dense constants")
+        raise InputError(f"node {op[:40]!r} holds a sparse tensor; export dense constants")
     if domain in _STANDARD:
         allowed = op in _OPS
     elif domain == _ML:
         allowed = op in _ML_OPS
     else:
-        raise InputError(f"node {op} is of custom operator domain {domain[:40]!r}; only the "
+        raise InputError(f"node {op[:40]!r} is of custom operator domain {domain[:40]!r}; only the "
                          "standard ONNX operators run (no custom kernels)")
     if not allowed:
         raise InputError(f"uses operator {op[:40]!r}, which mrtf does not run for a received "

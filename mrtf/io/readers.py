@@ -12,15 +12,76 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_bytes
 from safetensors.torch import safe_open
 
-from mrtf.errors import InputError, first_line
-from mrtf.io.limits import MAX_SIDECAR_BYTES, check_regular_file, check_zip_sizes
+from mrtf.errors import InputError, first_line, printable
+from mrtf.io.limits import (
+    MAX_HEADER_BYTES,
+    MAX_SIDECAR_BYTES,
+    check_regular_file,
+    check_zip_sizes,
+)
 from mrtf.io.weights import ST_DTYPES
 
 _SAFETENSORS_ERRORS = (SafetensorError, OSError, ValueError, RuntimeError, TypeError)
 
 
+def check_safetensors_header(p: Path) -> None:
+    """The safetensors header checked before the safetensors library parses it: its declared
+    length within :data:`MAX_HEADER_BYTES` (read from the first 8 bytes, so a 90 MB party
+    name is refused before it is read), JSON objects with no key given twice (at any depth:
+    the library keeps one of two tensors of one name, silently) and string metadata."""
+    try:
+        with open(p, "rb") as fh:
+            prefix = fh.read(8)
+            size = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
+            if size > MAX_HEADER_BYTES:
+                raise InputError(
+                    f"{p}: corrupt or truncated safetensors file, or its metadata is too large "
+                    f"(the header declares {size:,} bytes; at most {MAX_HEADER_BYTES:,})")
+            if size < 2:
+                raise InputError(f"{p}: corrupt or truncated safetensors file (no header)")
+            raw = fh.read(size)
+    except OSError as exc:
+        raise InputError(f"{p}: cannot read ({exc.strerror})") from None
+    if len(raw) != size:
+        raise InputError(f"{p}: corrupt or truncated safetensors file (a header of "
+                         f"{size:,} bytes, {len(raw):,} present)")
+    head = strict_json(p, raw, "safetensors header")
+    if not isinstance(head, dict):
+        raise InputError(f"{p}: the safetensors header is not a JSON object")
+    meta = head.get("__metadata__", {})
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise InputError(f"{p}: the safetensors __metadata__ must map names to strings")
+
+
+def strict_json(p: Path, raw: bytes, what: str) -> object:
+    """``raw`` parsed as UTF-8 JSON, refusing a key given twice in one object (Python's json
+    keeps the last one; another reader may keep the first)."""
+    def no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+        out: dict[str, object] = {}
+        for key, value in pairs:
+            if key in out:
+                raise _Duplicate(key)
+            out[key] = value
+        return out
+
+    try:
+        return json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicates)
+    except _Duplicate as dup:
+        raise InputError(f"{p}: the {what} names {printable(dup.key, 80)!r} twice") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise InputError(f"{p}: the {what} is not valid JSON ({first_line(exc)})") from None
+
+
+class _Duplicate(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
 def peek_safetensors(p: Path) -> tuple[dict[str, str], dict[str, tuple]]:
-    """Metadata and (shape, dtype) of every tensor, from the header alone."""
+    """Metadata and (shape, dtype) of every tensor, from the header alone (checked first by
+    :func:`check_safetensors_header`)."""
+    check_safetensors_header(p)
     try:
         with safe_open(str(p), framework="pt") as f:
             head = dict(f.metadata() or {})
@@ -62,8 +123,8 @@ def read_sidecar(sidecar: Path) -> dict[str, str]:
         raise InputError(f"{sidecar}: a symbolic link; a sidecar must be a regular file")
     check_regular_file(sidecar, "sidecar", MAX_SIDECAR_BYTES)
     try:
-        raw = json.loads(sidecar.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raw = strict_json(sidecar, sidecar.read_bytes(), "sidecar")
+    except OSError as exc:
         raise InputError(f"{sidecar}: unreadable JSON ({first_line(exc)})") from None
     if not isinstance(raw, dict):
         raise InputError(f"{sidecar}: must hold a JSON object")

@@ -16,7 +16,7 @@ from mrtf.refinery.adaptive import input_independent
 
 REFINERY_METHODS = ("feddf", "st", "st+rd", "mrtf", "adaptive")
 #: clients train on the plain average, the server refines (and scores) every round: sending
-#: adaptive's refined model stalled training (bench/send_refined.py); the paper sends it.
+#: adaptive's refined model stalled training (bench/studies/send_refined.py); the paper sends it.
 TRAIN_ON_AVERAGE = ("adaptive",)
 
 

@@ -2,7 +2,7 @@
 received sets: every party's output rows matched to θ_t's and to the others' median, as is and
 with party 0's rows rolled by one class (bench/poison.py's "rolled"). No target data is read.
 
-    python bench/renamed_rows.py runs/label_quality/received/*/received \
+    python bench/studies/renamed_rows.py runs/label_quality/received/*/received \
         runs/fresh/received/*/received
 
 Prints per set the parties that move ≥ 2 rows ("rows:cost") and, rolled, what party 0 moves;
@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+from pathlib import Path
 
-from poison import rolled_state
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: harness and the benchmarks
 
-from mrtf.io.bundles import load_received
-from mrtf.refinery.teachers import newest_global, newest_locals
-from mrtf.trust.weights import renamed_outputs
+from poison import rolled_state  # noqa: E402
+
+from mrtf.io.bundles import load_received  # noqa: E402
+from mrtf.refinery.teachers import newest_global, newest_locals  # noqa: E402
+from mrtf.trust.weights import renamed_outputs  # noqa: E402
 
 
 def scan(directory: str) -> tuple[list[tuple[int, float]], list[tuple[int, float]],

@@ -1,9 +1,10 @@
 """CLR (Eq. 11-12) and the k-means view on 1M × 256 features spilled to disk, as the
 streaming refinery runs them: wall, CPU, peak RSS.
 
-    OMP_NUM_THREADS=1 python bench/clr_spill.py            # writes a 1 GB scratch under runs/
+    OMP_NUM_THREADS=1 python bench/studies/clr_spill.py   # writes a 1 GB scratch under runs/
 """
 
+import argparse
 import os
 import resource
 import time
@@ -44,4 +45,8 @@ def main(m: int = 1_000_000, d: int = 256, c: int = 10) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--dim", type=int, default=256)
+    args = ap.parse_args()
+    main(args.rows, args.dim)

@@ -1,21 +1,24 @@
 """The default refined with three seeds and its labels averaged, and with 1,000 distillation
-steps instead of 500 (README, "Label quality", tried after the vote; not adopted). Same sets
-as bench/second_round.py; y only scores; one JSON per set under ``--out``::
+steps instead of 500 (docs/benchmarks/label-quality.md, tried after the vote; not adopted).
+Same sets as bench/studies/second_round.py; y only scores; one JSON per set under ``--out``::
 
-    OMP_NUM_THREADS=1 python bench/seed_ensemble.py --shard 0/2 &   # ~25 s a set
-    OMP_NUM_THREADS=1 python bench/seed_ensemble.py --shard 1/2
-    python bench/seed_ensemble.py --report
+    OMP_NUM_THREADS=1 python bench/studies/seed_ensemble.py --shard 0/2 &   # ~25 s a set
+    OMP_NUM_THREADS=1 python bench/studies/seed_ensemble.py --shard 1/2
+    python bench/studies/seed_ensemble.py --report
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-import numpy as np
-from second_round import groups, run  # bench/ is on sys.path when run
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: harness and the benchmarks
 
-from mrtf.io import H5Dataset, load_received
-from mrtf.refinery import RefineConfig, refine
+import numpy as np  # noqa: E402
+from second_round import groups, run  # bench/ is on sys.path when run  # noqa: E402
+
+from mrtf.io import H5Dataset, load_received  # noqa: E402
+from mrtf.refinery import RefineConfig, refine  # noqa: E402
 
 
 def one(where: Path) -> dict:

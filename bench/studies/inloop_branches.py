@@ -6,11 +6,13 @@ round, refines both ways (distil the vote; adapt θ_{t+1} with SHOT) and records
 gap, label-free statistics a gate could use, and both branches' labels. y only scores, after
 the run. One JSON line per round::
 
-    OMP_NUM_THREADS=1 python bench/inloop_branches.py runs/branches/label-s1.jsonl \\
+    OMP_NUM_THREADS=1 python bench/studies/inloop_branches.py runs/branches/label-s1.jsonl \\
         --config bench/configs/mnist5k-label.toml --seed 1
-    python bench/inloop_branches.py runs/branches/label-s1.jsonl --config ... --seed 1 --report
+    python bench/studies/inloop_branches.py runs/branches/label-s1.jsonl --config ... --seed 1 \\
+        --report
 
-(The README's in-loop paragraph quotes label:3 seed 1: ~35 minutes on one loaded core.)
+(docs/benchmarks/demo-and-runs.md, "In the loop", quotes label:3 seed 1: ~35 minutes on one
+loaded core.)
 """
 
 from __future__ import annotations
@@ -18,17 +20,19 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import sys
 from pathlib import Path
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: harness and the benchmarks
+import numpy as np  # noqa: E402
+from harness import softmax  # noqa: E402
 
-from mrtf.federated.run_config import load_toml
-from mrtf.federated.runner import RunConfig, prepare_run
-from mrtf.refinery import pipeline as pl
-from mrtf.refinery.adaptive import label_diversity
-from mrtf.refinery.distill import distill
-from mrtf.refinery.shot import ShotSettings, shot_adapt
-from mrtf.refinery.teachers import _softmax_np
+from mrtf.federated.run_config import load_toml  # noqa: E402
+from mrtf.federated.runner import RunConfig, prepare_run  # noqa: E402
+from mrtf.refinery import pipeline as pl  # noqa: E402
+from mrtf.refinery.adaptive import label_diversity  # noqa: E402
+from mrtf.refinery.distill import distill  # noqa: E402
+from mrtf.refinery.shot import ShotSettings, shot_adapt  # noqa: E402
 
 
 def _stats(plan, logits: np.ndarray, nv) -> dict:
@@ -36,8 +40,8 @@ def _stats(plan, logits: np.ndarray, nv) -> dict:
     lab = logits.argmax(2)
     return {"gap": None if nv is None else nv.gap,
             "agree_theta_t_next": float((lab[-2] == lab[-1]).mean()),
-            "diversity_next": label_diversity(_softmax_np(logits[-1])),
-            "diversity_parties": float(np.median([label_diversity(_softmax_np(logits[i]))
+            "diversity_next": label_diversity(softmax(logits[-1])),
+            "diversity_parties": float(np.median([label_diversity(softmax(logits[i]))
                                                   for i in range(k)])),
             "next_labels": lab[-1]}
 

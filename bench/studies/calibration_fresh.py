@@ -1,7 +1,7 @@
 """Fresh label-quality cells for issue 13's estimate: scenarios the calibrator's features and
 constants were never chosen or fitted on, simulated like bench/label_quality.py's and dumped
 like ``bench/calibration.py --dump`` (plus the same cell refined with seed 1 and down the other
-branch, for bench/calibration_estimate.py), so they test it out of sample.
+branch, for bench/studies/calibration_estimate.py), so they test it out of sample.
 
     cd bench
     OMP_NUM_THREADS=1 python calibration_fresh.py --out ../runs/fresh          # simulate (~8 min)
@@ -15,14 +15,17 @@ branch, for bench/calibration_estimate.py), so they test it out of sample.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
 
-import label_quality as lq
-import numpy as np
-from calibration import dump, penultimate
-from label_quality import FRESH
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: harness and the benchmarks
+
+import label_quality as lq  # noqa: E402
+import numpy as np  # noqa: E402
+from calibration import dump, penultimate  # noqa: E402
+from harness import FRESH  # noqa: E402
 
 
 def variants(grid: Path, root: Path) -> None:

@@ -1,5 +1,5 @@
 """Issue 13: estimators other than "mean of a per-sample logistic model", on the same LOSO
-footing as bench/calibration_estimate.py (y only scores; every choice made inside the loop):
+footing as bench/studies/calibration_estimate.py (y only scores; every choice made inside the loop):
 
 - ATC (Garg et al. 2022): the share of samples whose score is above a threshold, the
   threshold fitted on the other scenarios; on each raw signal and on the calibrated
@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import warnings
 from pathlib import Path
 
-import numpy as np
-from calibration import held_out, scenario
-from calibration_estimate import BASE, cells_with_signals, header, report
-from calibration_select import design
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: harness and the benchmarks
+
+import numpy as np  # noqa: E402
+from calibration import held_out, scenario  # noqa: E402
+from calibration_estimate import BASE, cells_with_signals, header, report  # noqa: E402
+from calibration_select import design  # noqa: E402
 
 
 def _folds(keys: list[str]) -> list[str]:

@@ -1,4 +1,4 @@
-"""A second refinement round on the default's voted labels (README, "Label quality"): each
+"""A second refinement round on the default's voted labels (docs/benchmarks/label-quality.md): each
 received set of the label-quality grid and the fresh scenarios refined by the default as it
 was before its adapted model was settled (``r1``; mrtf/refinery/fit.py's settle switched off
 here), then a model distilled again (500 steps, input jitter, seed + 1000) to the voted
@@ -9,11 +9,11 @@ choice was not made on (seeds 3-5 of five cross-domain scenarios, simulated once
 runs/holdout). y only scores. One JSON per set under ``--out``, so a stopped run loses
 nothing::
 
-    OMP_NUM_THREADS=1 python bench/second_round.py --shard 0/2 &   # ~18 s a set
-    OMP_NUM_THREADS=1 python bench/second_round.py --shard 1/2
-    python bench/second_round.py --report
-    OMP_NUM_THREADS=1 python bench/second_round.py --holdout --shard i/2   # ~30-100 s a set
-    python bench/second_round.py --holdout --report
+    OMP_NUM_THREADS=1 python bench/studies/second_round.py --shard 0/2 &   # ~18 s a set
+    OMP_NUM_THREADS=1 python bench/studies/second_round.py --shard 1/2
+    python bench/studies/second_round.py --report
+    OMP_NUM_THREADS=1 python bench/studies/second_round.py --holdout --shard i/2   # ~30-100 s a set
+    python bench/studies/second_round.py --holdout --report
 """
 
 from __future__ import annotations
@@ -21,18 +21,21 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: harness and the benchmarks
 
-from mrtf.io import H5Dataset, load_received
-from mrtf.refinery import RefineConfig, refine
-from mrtf.refinery.distill import distill
-from mrtf.refinery.neighbour_vote import final_probs
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from mrtf.io import H5Dataset, load_received  # noqa: E402
+from mrtf.refinery import RefineConfig, refine  # noqa: E402
+from mrtf.refinery.distill import distill  # noqa: E402
+from mrtf.refinery.neighbour_vote import final_probs  # noqa: E402
 
 SETS = ("runs/label_quality/received", "runs/fresh/received")
 #: the held-out check of the settling: scenarios where the default adapts, new seeds
@@ -49,7 +52,7 @@ def all_sets() -> list[Path]:
 
 def holdout_sets() -> list[Path]:
     """HOLDOUT's received sets, simulated on first use (as bench/label_quality.py does)."""
-    from label_quality import received_set  # bench/ is on sys.path when run
+    from harness import received_set
 
     return [received_set(c, s, Path("runs/holdout"))[0].parent for c, s in HOLDOUT]
 

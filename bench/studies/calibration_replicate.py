@@ -1,5 +1,5 @@
-"""Two changes to the calibrator tried on the second replicate's grid (docs/results.md, "On
-the second replicate"), neither adopted:
+"""Two changes to the calibrator tried on the second replicate's grid
+(docs/benchmarks/calibration.md, "On the second replicate"), neither adopted:
 
 - the constants refitted with every weight >= 0 against the free fit: every signal of
   mrtf.trust.calibration.FEATURES should raise P(label right), yet the free fit gives the
@@ -21,14 +21,17 @@ with ``--high-band``, the ECE and the estimate per band threshold and blend weig
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-import numpy as np
-from calibration import load, scenario
-from scipy.optimize import minimize
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: harness and the benchmarks
 
-from mrtf.trust.calibration import COEF, calibrate
-from mrtf.trust.metrics import ece
+import numpy as np  # noqa: E402
+from calibration import load, scenario  # noqa: E402
+from scipy.optimize import minimize  # noqa: E402
+
+from mrtf.trust.calibration import COEF, calibrate  # noqa: E402
+from mrtf.trust.metrics import ece  # noqa: E402
 
 
 def fit(cells: dict[str, dict], c: float = 0.05, lower: float | None = None) -> np.ndarray:

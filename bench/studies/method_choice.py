@@ -1,4 +1,4 @@
-"""Could the labels choose their method? (not adopted; docs/results.md)
+"""Could the labels choose their method? (not adopted; docs/benchmarks/label-quality.md)
 
 The class prior is chosen per target by how well each prior's labels follow the target's own
 neighbourhoods (mrtf/refinery/prior_choice.py). This asks whether the same label-free test
@@ -11,22 +11,25 @@ neighbours with the same label, that share minus the chance agreement of the lab
 histogram (Σ share²), and the kappa of the two. y only scores.
 
     # --cells default: runs/label_quality/received,runs/fresh/received (label_quality.py's)
-    OMP_NUM_THREADS=1 python bench/method_choice.py --shard 0/2 &
-    OMP_NUM_THREADS=1 python bench/method_choice.py --shard 1/2 &
-    wait; python bench/method_choice.py --report
+    OMP_NUM_THREADS=1 python bench/studies/method_choice.py --shard 0/2 &
+    OMP_NUM_THREADS=1 python bench/studies/method_choice.py --shard 1/2 &
+    wait; python bench/studies/method_choice.py --report
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
-import label_quality as lq
-import numpy as np
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: harness and the benchmarks
 
-from mrtf.trust.neighbours import label_consistency
+import label_quality as lq  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from mrtf.trust.neighbours import label_consistency  # noqa: E402
 
 METHODS = ("adaptive", "mrtf", "feddf", "ensemble", "adaptive-learned", "adaptive-uniform")
 #: candidate sets: the first is the one kept unless another is clearly better

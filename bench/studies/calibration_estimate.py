@@ -2,11 +2,11 @@
 itself (not only the parties'), branch-aware ones, per-cell models and ATC, judged only by
 nested leave-one-scenario-out (LOSO) error of the accuracy estimate.
 
-    python bench/calibration_estimate.py --out runs/calib-v2 --grid GRID --table
-    python bench/calibration_estimate.py --out runs/calib-v2 --grid GRID --nested [--pool P]
+    python bench/studies/calibration_estimate.py --out runs/calib-v2 --grid GRID --table
+    python bench/studies/calibration_estimate.py --out runs/calib-v2 --grid GRID --nested [--pool P]
 
 Reads the dumps of ``bench/calibration.py --dump`` (y only scores). "Nested" means the
-forward selection of bench/calibration_select.py is redone without each held-out scenario,
+forward selection of bench/studies/calibration_select.py is redone without each held-out scenario,
 so the held-out scenario's error is out of sample for the whole procedure. The adaptive
 branch (θ_{t+1} adapted with SHOT, mrtf/refinery/novelty.py) is re-derived from the dumped
 local logits and the parties' reported losses, as refine derives it.
@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
-import numpy as np
-from calibration import held_out, load, scenario
-from calibration_select import _unit_knn, design, evaluate, forward
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: harness and the benchmarks
+import numpy as np  # noqa: E402
+from calibration import held_out, load, scenario  # noqa: E402
+from calibration_select import _unit_knn, design, evaluate, forward  # noqa: E402
+from harness import logit  # noqa: E402
 
-from mrtf.trust.calibration import _logit, features
-from mrtf.trust.metrics import ece
-from mrtf.trust.neighbours import label_consistency
+from mrtf.trust.calibration import features  # noqa: E402
+from mrtf.trust.metrics import ece  # noqa: E402
+from mrtf.trust.neighbours import label_consistency  # noqa: E402
 
 BASE = ["refined_p", "parties_p", "knn_pix", "c_parties_conf", "c_pair", "c_label_spread"]
 
@@ -68,8 +71,8 @@ def signals(v: dict, name: str, root: Path, grid: str, seed1: Path | None = None
     per = {
         "r_entropy": _entropy(p), "r_margin": srt[:, -1] - srt[:, -2],
         "theta_names": (theta == yh) * 1.0, "cons_names": (cons == yh) * 1.0,
-        "vote_names": (ens == yh) * 1.0, "logit_theta_p": _logit(s.averaged[idx, yh]),
-        "logit_cons_p": _logit(s.consensus[idx, yh]), "knn_feat": label_consistency(yh, fnbr),
+        "vote_names": (ens == yh) * 1.0, "logit_theta_p": logit(s.averaged[idx, yh]),
+        "logit_cons_p": logit(s.consensus[idx, yh]), "knn_feat": label_consistency(yh, fnbr),
         "soft_pix": _soft_nbr(p, s.neighbours, yh), "soft_feat": _soft_nbr(p, fnbr, yh),
         "pix_major": (pix_major == yh) * 1.0,
         # chance-corrected: a label shared by many samples is shared by many neighbours
@@ -80,16 +83,16 @@ def signals(v: dict, name: str, root: Path, grid: str, seed1: Path | None = None
     if twin.is_file():  # a second refinement, seeded 1: do two students agree?
         q = np.load(twin)["probs"].astype(np.float64)
         per["twin_names"] = (q.argmax(1) == yh) * 1.0
-        per["logit_twin_p"] = _logit(q[idx, yh])
+        per["logit_twin_p"] = logit(q[idx, yh])
     other = twin.parent.parent / "other" / f"{name}.npz"
     if other.is_file():  # the same cell refined down the other branch (adapt <-> vote):
         q = np.load(other)["probs"].astype(np.float64)  # the same for either branch taken
         per["other_names"] = (q.argmax(1) == yh) * 1.0
-        per["logit_other_p"] = _logit(q[idx, yh])
+        per["logit_other_p"] = logit(q[idx, yh])
     # the labels' own source: the vote's targets, or θ_{t+1} that SHOT adapted
     src = s.averaged if adapt else s.consensus
     per["src_names"] = (src.argmax(1) == yh) * 1.0
-    per["logit_src_p"] = _logit(src[idx, yh])
+    per["logit_src_p"] = logit(src[idx, yh])
     f.update(per)
     for k in list(per) + ["refined_p", "parties_p", "knn_pix"]:
         f["c_" + k] = np.full(m, f[k].mean())
@@ -281,7 +284,7 @@ def main() -> None:
                     help="a second refinement of each cell, seeded 1 (for twin_*)")
     ap.add_argument("--pool", nargs="*", default=None)
     ap.add_argument("--fresh", default=None,
-                    help="folder of bench/calibration_fresh.py (calib/, seed1/, other/, "
+                    help="folder of bench/studies/calibration_fresh.py (calib/, seed1/, other/, "
                          "received/): score the pre-registered models there")
     ap.add_argument("--extend", action="store_true",
                     help="with --fresh: LOSO and nested LOSO on the grid and the fresh cells")

@@ -2,9 +2,9 @@
 forward selection on the leave-one-scenario-out (LOSO) error, and the honest error of that
 procedure (nested LOSO: the selection redone without each held-out scenario).
 
-    python bench/calibration_select.py --grid GRID --out runs/calib --table    # fixed models
-    python bench/calibration_select.py --grid GRID --out runs/calib --forward  # selection
-    python bench/calibration_select.py --grid GRID --out runs/calib --nested   # ~40 min
+    python bench/studies/calibration_select.py --grid GRID --out runs/calib --table  # fixed
+    python bench/studies/calibration_select.py --grid GRID --out runs/calib --forward  # select
+    python bench/studies/calibration_select.py --grid GRID --out runs/calib --nested  # 40 min
 
 Needs ``bench/calibration.py --dump`` first (its ``feats``: the refined model's penultimate
 features, for the in-memory-only candidates ``knn_feat*``). y only scores. The T = 200 cells
@@ -16,14 +16,17 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 from pathlib import Path
 
-import numpy as np
-from calibration import held_out, load, scenario
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: harness and the benchmarks
+import numpy as np  # noqa: E402
+from calibration import held_out, load, scenario  # noqa: E402
+from harness import logit  # noqa: E402
 
-from mrtf.trust.calibration import _logit, fallback_features
-from mrtf.trust.metrics import ece
-from mrtf.trust.neighbours import label_consistency
+from mrtf.trust.calibration import fallback_features  # noqa: E402
+from mrtf.trust.metrics import ece  # noqa: E402
+from mrtf.trust.neighbours import label_consistency  # noqa: E402
 
 OLD = [f"old{i}" for i in range(12)]
 NEW = ["refined_p", "parties_p", "knn_pix", "c_parties_conf", "c_pair", "c_label_spread"]
@@ -70,8 +73,8 @@ def candidates(root: Path, grid: str) -> dict[str, dict]:
         f.update({
             "refined_p": f["old0"], "parties_p": f["old3"], "knn_pix": knn_pix,
             "c_parties_conf": f["old7"], "c_pair": f["old8"],
-            "c_label_spread": full(m, _logit(_spread(np.bincount(yh, minlength=10) + 0.0))),
-            "c_ens_spread": full(m, _logit(_spread(s.mean_prob.mean(0).astype(np.float64)))),
+            "c_label_spread": full(m, logit(_spread(np.bincount(yh, minlength=10) + 0.0))),
+            "c_ens_spread": full(m, logit(_spread(s.mean_prob.mean(0).astype(np.float64)))),
             "mean_prob_margin": top - mp.max(1), "parties_entropy": ent,
             "c_parties_entropy": full(m, ent.mean()),
             "c_vote_share": full(m, s.votes[idx, yh].mean()),

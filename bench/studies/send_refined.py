@@ -8,7 +8,7 @@ refined again. Prints the next averages' and the refined models' accuracy on the
 at 0.08-0.13 through round 16 and the refined labels fell to 0.08; trained on the average, the
 averages reached 0.20-0.39 in rounds 12-16 and the refined labels 0.43-0.58.
 
-    OMP_NUM_THREADS=1 python bench/send_refined.py --seed 1 --rounds 15
+    OMP_NUM_THREADS=1 python bench/studies/send_refined.py --seed 1 --rounds 15
 """
 
 from __future__ import annotations
