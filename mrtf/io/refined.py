@@ -14,7 +14,6 @@ from mrtf.averaging import average_received
 from mrtf.errors import InputError
 from mrtf.io.bundles import BundleMeta, ReceivedSet
 from mrtf.models import build_model, image_kwargs, input_kwargs
-from mrtf.refinery.teachers import newest_locals
 
 
 def student_kwargs(rs: ReceivedSet, arch: str, shape: tuple[int, ...] | None) -> dict:
@@ -44,7 +43,10 @@ def student_of_onnx_set(rs: ReceivedSet) -> tuple[nn.Module, BundleMeta, str] | 
     teach (they are not trainable here): the parameter average of the PyTorch parties when
     they share one architecture. None when no party sent ONNX; InputError when none of the
     PyTorch parties can start the student (the user gives --student-arch or --student)."""
-    locals_ = newest_locals(rs)
+    locals_ = rs.by_role("local")
+    rounds = [m.meta.round for m in locals_ if m.meta.round is not None]
+    if rounds:  # the newest round's parties teach (S_t, as the refinery selects them)
+        locals_ = [m for m in locals_ if m.meta.round in (None, max(rounds))]
     if not any(m.onnx for m in locals_):
         return None
     torch_parties = [m for m in locals_ if m.onnx is None]
