@@ -23,12 +23,15 @@ from mrtf.cli.main import cli
 from mrtf.io.bundles import load_bundle
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "your-own-models.md"
-BLOCK = re.compile(r"^```(\w+)([^\n]*)\n(.*?)^```", re.S | re.M)
+# a fenced block, with the HTML comment before it that marks it: <!-- file: NAME --> or
+# <!-- run --> (invisible on GitHub and in the docs site)
+BLOCK = re.compile(r"^(?:<!-- (file: \S+|run) -->\n)?```(\w+)\n(.*?)^```", re.S | re.M)
 
 
 def blocks() -> list[tuple[str, str, str]]:
-    """(language, info after it, body) of every fenced block of the document."""
-    return [(m[1], m[2].strip(), m[3]) for m in BLOCK.finditer(DOC.read_text())]
+    """(language, its mark: 'file=NAME', 'run' or '', body) of every fenced block."""
+    return [(m[2], (m[1] or "").replace("file: ", "file="), m[3])
+            for m in BLOCK.finditer(DOC.read_text())]
 
 
 def run_doc(folder: Path) -> subprocess.CompletedProcess:
