@@ -1,37 +1,75 @@
 #!/usr/bin/env bash
-# The GPU checks of issue 14, on a CUDA machine with PyTorch but no package registry:
-# wheels for what its image lacks (faiss-cpu, mlxtend, flwr and its dependencies) travel in
-# .whl/, made here by bench/gpu_wheels.sh. Stages: env, tests, teachers, scale (default all).
-# Everything it writes goes under $OUT (default runs/gpu).
+# The GPU checks of issues 14 and 36, prepared so that one call on a lent CUDA machine (no
+# package registry there) runs them all within BUDGET seconds (default 450: < 8 minutes):
+#   env       versions, the GPU, cores, and where k-NN / k-means run (mrtf.compute.backend)
+#   compare   bench/scale.py --compare --M 20000 --K 10: `mrtf refine --stream on` on the CPU
+#             path (CUDA hidden from it) and on the GPU; the labels that differ, counted, with
+#             the CPU's top-2 margin at each (a near-tie is float rounding, a wide one a bug)
+#   scale     bench/scale.py --e2e --M 1000000 --K 10: wall, per-stage times, peak RSS
+#   tests     the suite on CUDA (pytest-xdist workers when installed), in what is left of
+#             BUDGET (at least 60 s); the slowest tests and the failures are printed
+#   teachers  bench/gpu_teachers.py (issue 14's teacher rates; not in the default list)
+#   backends  bench/knn_backends.py --M 1000000: CLR and k-means per backend, agreement with
+#             the CPU path (not in the default list)
+# Prepare here: `bash bench/gpu_wheels.sh` (wheels for what the image lacks into .whl/); then
+# one device call: run(command="bash bench/gpu_check.sh", carry=[".whl"], timeout_s=540).
+# Stages can be chosen: `bash bench/gpu_check.sh env tests`. Everything it writes goes under
+# $OUT (default runs/gpu); the bench cells under $SCALE_DIR (default /tmp/scale).
 set -uo pipefail
 OUT=${OUT:-runs/gpu}
-mkdir -p "$OUT"
-# into the image's own environment (not --target): flwr's console scripts (flower-superlink,
-# ...) must sit beside sys.executable, where the deployment test looks for them
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl \
-  >/dev/null 2>&1 || { echo "wheel install failed"; exit 2; }
+SCALE_DIR=${SCALE_DIR:-/tmp/scale}
+BUDGET=${BUDGET:-450}
+THREADS=${THREADS:-8}
+mkdir -p "$OUT" "$SCALE_DIR"
+if [ -d .whl ]; then
+  # into the image's own environment (not --target): flwr's console scripts must sit beside
+  # sys.executable, where the deployment test looks for them
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl \
+    >/dev/null 2>&1 || { echo "wheel install failed"; exit 2; }
+fi
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 \
   || { echo "mrtf install failed"; exit 2; }
 export PATH="$(dirname "$(python3 -c 'import sys; print(sys.executable)')"):$PATH"
-for stage in ${@:-env tests teachers scale}; do
-  echo "=== $stage $(date -u +%T)"
+left() {  # seconds of BUDGET left, at least 1 (timeout 0 would mean no limit)
+  local l=$(( BUDGET - SECONDS )); [ "$l" -lt 1 ] && l=1; echo "$l"
+}
+for stage in ${@:-env compare scale tests}; do
+  echo "=== $stage $(date -u +%T) (${SECONDS}s of ${BUDGET}s used)"
   case $stage in
     env)
       nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-      nproc; free -g | head -2
+      echo "cores $(nproc)"; free -g | head -2
       python3 -c "import torch, faiss, h5py, numpy; print('torch', torch.__version__, \
-'cuda', torch.cuda.is_available(), torch.version.cuda, 'faiss', faiss.__version__, \
-'gpu faiss', hasattr(faiss, 'StandardGpuResources'))"
-      mrtf --help | head -3 ;;
-    tests)
-      timeout 420 python3 -m pytest -q -p no:cacheprovider -rfE 2>&1 | tee "$OUT/pytest.log" \
-        | grep -E "passed|failed|error|FAILED|ERROR" | tail -40 ;;
-    teachers)
-      python3 bench/gpu_teachers.py --K 10 50 --n 65536 --out "$OUT/gpu_teachers.json" ;;
+'cuda', torch.cuda.is_available(), torch.version.cuda, 'faiss', faiss.__version__)"
+      python3 -c "from mrtf.compute.backend import choose_backend; \
+print('k-NN / k-means backend:', choose_backend(None))"
+      python3 -c "import xdist" 2>/dev/null && echo "pytest-xdist: yes" \
+        || echo "pytest-xdist: no (the suite runs serially)" ;;
+    compare)
+      OMP_NUM_THREADS=$THREADS timeout $(left) python3 bench/scale.py --compare --M 20000 \
+        --K 10 --threads "$THREADS" --dir "$SCALE_DIR" 2>&1 | tail -20
+      cp "$SCALE_DIR"/compare-M20000-K10.json "$OUT/" 2>/dev/null ;;
     scale)
-      OMP_NUM_THREADS=${THREADS:-8} python3 bench/scale.py --e2e --M ${SCALE_M:-100000 1000000} \
-        --K 10 --threads ${THREADS:-8} --dir /tmp/scale \
-        && cp /tmp/scale/scale-e2e.json /tmp/scale/scale-e2e.png "$OUT/" ;;
+      OMP_NUM_THREADS=$THREADS timeout $(left) python3 bench/scale.py --e2e \
+        --M ${SCALE_M:-1000000} --K 10 --threads "$THREADS" --dir "$SCALE_DIR" 2>&1 | tail -20
+      cp "$SCALE_DIR"/e2e-M*-K10.json "$SCALE_DIR"/scale-e2e.json "$OUT/" 2>/dev/null ;;
+    tests)
+      budget=$(left); [ "$budget" -lt 60 ] && budget=60
+      workers=()
+      python3 -c "import xdist" 2>/dev/null && workers=(-n "${WORKERS:-8}" --dist loadfile)
+      # pyproject's addopts give -q: one more would drop the "N passed" line
+      timeout "$budget" python3 -m pytest -p no:cacheprovider -rfE --durations=15 \
+        "${workers[@]}" 2>&1 | tee "$OUT/pytest.log" \
+        | grep -E "passed|failed|error|FAILED|ERROR|^[0-9.]+s (call|setup)|%\]$" | tail -45
+      echo "tests: ${PIPESTATUS[0]} (124: cut at ${budget}s)" ;;
+    teachers)
+      timeout $(left) python3 bench/gpu_teachers.py --K 10 50 --n 65536 \
+        --out "$OUT/gpu_teachers.json" ;;
+    backends)
+      OMP_NUM_THREADS=$THREADS timeout $(left) python3 bench/knn_backends.py --M 1000000 \
+        --repeats 2 --out "$OUT/knn_backends.json" ;;
+    *) echo "unknown stage $stage (env compare scale tests teachers backends)"; exit 2 ;;
   esac
 done
+echo "=== done $(date -u +%T) in ${SECONDS}s"

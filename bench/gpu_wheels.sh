@@ -5,13 +5,17 @@
 # Versions are this venv's. Run here, in the repository root, with the project's venv active;
 # keep .whl/ out of git (.git/info/exclude) and name it in the device tool's `carry`.
 set -euo pipefail
-pkgs="faiss-cpu mlxtend flwr alembic annotated-types cffi cryptography fastapi
+pkgs="faiss-cpu mlxtend flwr pytest-xdist execnet alembic annotated-types cffi cryptography fastapi
 grpcio-health-checking iterators mako prompt-toolkit pycparser pycryptodome pydantic
 pydantic-core sqlalchemy greenlet starlette tomli tomli-w typing-inspection tzdata uv uvicorn
 wcwidth"
 specs=()
 for p in $pkgs; do
-  specs+=("$p==$(python -m pip show "$p" | sed -n 's/^Version: //p')")
+  v=$(python -m pip show "$p" 2>/dev/null | sed -n 's/^Version: //p' || true)
+  if [ -z "$v" ]; then  # e.g. pytest-xdist: `pip install pytest-xdist` first to carry it
+    echo "skipped $p: not installed in this venv"; continue
+  fi
+  specs+=("$p==$v")
 done
 plat=()
 for n in 2_17 2_24 2_27 2_28 2_34; do plat+=(--platform "manylinux_${n}_x86_64"); done

@@ -17,6 +17,14 @@ wall, the load average before and after. Cells ``e2e-M*-K*.json``; ``scale-e2e.j
 
     python bench/scale.py --e2e --M 100000 1000000 --K 10 --threads 2
 
+``--compare`` runs that refine twice on the tiled set, on the CPU (CUDA hidden from the child:
+``CUDA_VISIBLE_DEVICES=""``, so every stage takes the CPU path) and on the default device
+(CUDA when present), and counts the labels that differ, with the CPU's top-2 margin at each
+(issue 36: a difference at a near-tie is float rounding; one at a wide margin is a bug). Cells
+``compare-M*-K*.json``; on a machine without CUDA both runs are the CPU path.
+
+    python bench/scale.py --compare --M 20000 --K 10 --threads 8
+
 ``--poison x100|flipped`` runs the same with the first party's bundle replaced (weights × 100,
 or its last layer rolled by one class: it predicts y + 1), and records the labels' accuracy
 (against mnist5k's y, tiled like the images) and the parties the reliability checks flagged
@@ -155,7 +163,11 @@ def main() -> None:
     ap.add_argument("--poison", choices=("x100", "flipped"),
                     help="--e2e: the first party's bundle poisoned this way")
     ap.add_argument("--e2e-cell", nargs=2, type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--compare", action="store_true",
+                    help="refine on the CPU path and on the default device, compare labels")
     args = ap.parse_args()
+    if args.compare:
+        return main_compare(args)
     if args.e2e_cell:
         m, k = args.e2e_cell
         print(json.dumps(run_e2e(Path(args.dir), m, k, args.threads, args.method,
@@ -249,17 +261,8 @@ def run_e2e(root: Path, m: int, k: int, threads: int, method: str,
     h5 = tiled_h5(root / f"mnist5k-tiled-{m}.h5", m)
     out = root / f"out-M{m}-K{k}"
     parties = received_parties(root, k) if poison is None else poisoned_parties(root, k, poison)
-    cmd = ["mrtf", "refine", str(parties), "--data", str(h5), "--labels",
-           str(out / "labels.h5"), "--model", str(out / "refined.safetensors"), "--method",
-           method, "--stream", "on", "--force", "--json", "--quiet"]
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    load0, t0 = os.getloadavg()[0], time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode:  # its own error, not only "exit status 1"
-        sys.stderr.write(proc.stderr[-4000:])
-        proc.check_returncode()
-    wall = time.perf_counter() - t0
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    load0 = os.getloadavg()[0]
+    summary, wall = refine_once(parties, h5, out, method, {"OMP_NUM_THREADS": str(threads)})
     stages = {n: {"s": v} for n, v in summary["timings"].items()}
     stages["write"] = {"s": wall - sum(v["s"] for v in stages.values())}  # + start-up
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -267,15 +270,71 @@ def run_e2e(root: Path, m: int, k: int, threads: int, method: str,
     accuracy = float((read_labels(out / "labels.h5").labels == tiled_labels(m)).mean())
     flagged = {p["name"]: p["verdict"] for p in summary.get("reliability") or []
                if p["verdict"] != "trusted"}
-    for p in out.iterdir():  # the labels and model are not kept (1M: 60 MB)
-        p.unlink()
-    out.rmdir()
+    _remove(out)  # the labels and model are not kept (1M: 60 MB)
     return {"M": m, "K": k, "threads": threads, "method": method, "commit": _commit(),
             "wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,  # the load-free figure
             "peak_rss_mb": rss, "load_before": load0,
             "load_after": os.getloadavg()[0], "stages": stages,
             "outputs_mb": whole_length_mb(m, 10), "poison": poison, "accuracy": accuracy,
             "flagged": flagged, "estimated_accuracy": summary.get("estimated_accuracy")}
+
+
+def refine_once(parties: Path, h5: Path, out: Path, method: str, env: dict[str, str]
+                ) -> tuple[dict, float]:
+    """``mrtf refine --stream on`` of ``h5`` into ``out`` with ``env`` added to the child's
+    environment: (its --json summary, wall seconds)."""
+    cmd = ["mrtf", "refine", str(parties), "--data", str(h5), "--labels",
+           str(out / "labels.h5"), "--model", str(out / "refined.safetensors"), "--method",
+           method, "--stream", "on", "--force", "--json", "--quiet"]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
+    if proc.returncode:  # its own error, not only "exit status 1"
+        sys.stderr.write(proc.stderr[-4000:])
+        proc.check_returncode()
+    return json.loads(proc.stdout.strip().splitlines()[-1]), time.perf_counter() - t0
+
+
+def _remove(out: Path) -> None:
+    for p in out.iterdir():
+        p.unlink()
+    out.rmdir()
+
+
+def compare_devices(root: Path, m: int, k: int, threads: int, method: str) -> dict:
+    """The same refine on the CPU path (CUDA hidden) and on the default device: the labels
+    that differ, the CPU's top-2 probability margin at each, and each run's stages."""
+    from mrtf.io.labels import read_labels
+
+    h5 = tiled_h5(root / f"mnist5k-tiled-{m}.h5", m)
+    parties = received_parties(root, k)
+    runs, labels = {}, {}
+    for name, hide in (("cpu", {"CUDA_VISIBLE_DEVICES": ""}), ("device", {})):
+        out = root / f"compare-{name}-M{m}-K{k}"
+        summary, wall = refine_once(parties, h5, out, method,
+                                    {"OMP_NUM_THREADS": str(threads), **hide})
+        labels[name] = read_labels(out / "labels.h5")
+        runs[name] = {"wall_s": wall, "stages": summary["timings"],
+                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+                      / 1024}  # the largest child so far
+        _remove(out)
+    cpu, dev = labels["cpu"], labels["device"]
+    differ = np.flatnonzero(cpu.labels != dev.labels)
+    top2 = np.sort(cpu.probs, 1)[:, -2:]
+    margin = top2[:, 1] - top2[:, 0]
+    return {"M": m, "K": k, "threads": threads, "method": method, "commit": _commit(),
+            "cuda": _cuda_name(), "runs": runs, "differences": int(len(differ)),
+            "rows_differing": differ[:50].tolist(),
+            "cpu_margin_at_differences": margin[differ[:50]].round(6).tolist(),
+            "cpu_margin_median": float(np.median(margin)),
+            "max_abs_prob_diff": float(np.abs(cpu.probs - dev.probs).max()),
+            "accuracy": {n: float((v.labels == tiled_labels(m)).mean())
+                         for n, v in labels.items()}}
+
+
+def _cuda_name() -> str | None:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
 def whole_length_mb(m: int, c: int, k_neighbours: int = 10) -> float:
@@ -341,6 +400,23 @@ def main_e2e(args: argparse.Namespace) -> None:
     (root / "scale-e2e.json").write_text(json.dumps(rows, indent=2))
     plot_e2e(rows, root / "scale-e2e.png")
     print(f"saved {root / 'scale-e2e.json'} and {root / 'scale-e2e.png'}")
+
+
+def main_compare(args: argparse.Namespace) -> None:
+    root = Path(args.dir)
+    root.mkdir(parents=True, exist_ok=True)
+    for m in args.M:
+        for k in args.K:
+            row = compare_devices(root, m, k, args.threads, args.method)
+            (root / f"compare-M{m}-K{k}.json").write_text(json.dumps(row, indent=2))
+            print(f"M={m} K={k}: {row['differences']} labels differ between the CPU path and "
+                  f"{row['cuda'] or 'the CPU (no CUDA here)'}; CPU top-2 margin at them "
+                  f"{row['cpu_margin_at_differences'][:10]} (median over all rows "
+                  f"{row['cpu_margin_median']:.3f}); max |Δprob| {row['max_abs_prob_diff']:.2e}",
+                  flush=True)
+            for name, r in row["runs"].items():
+                print(f"  {name}: wall {r['wall_s']:.1f}s, peak RSS {r['peak_rss_mb']:.0f} MB, "
+                      + " ".join(f"{n} {v:.1f}s" for n, v in r["stages"].items()), flush=True)
 
 
 def _fmt(r: dict) -> str:

@@ -54,7 +54,8 @@ DUMMY = re.compile(r"^(_+|(_+[a-zA-Z0-9_]*[a-zA-Z0-9]+?))$")
 #: imports nothing at run time, so it sits at the bottom.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("mrtf", "mrtf.errors", "mrtf.device", "mrtf.progress")),
-    ("inputs", ("mrtf.io", "mrtf.models", "mrtf.data", "mrtf.scoring", "mrtf.averaging")),
+    ("inputs", ("mrtf.io", "mrtf.models", "mrtf.data", "mrtf.scoring", "mrtf.averaging",
+                "mrtf.compute")),
     ("methods", ("mrtf.refinery", "mrtf.trust", "mrtf.datafree")),
     ("jobs", ("mrtf.federated", "mrtf.labeling")),
     ("drivers", ("mrtf.engines", "mrtf.cli", "mrtf.__main__")),

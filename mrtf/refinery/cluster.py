@@ -6,6 +6,9 @@ from contextlib import AbstractContextManager
 
 import numpy as np
 
+from mrtf.compute.backend import Backend, choose_backend, gpu_backend
+from mrtf.refinery import cluster_torch
+
 VARIANTS = ("paper", "reference")
 _MASS_EPS = 1e-6
 
@@ -137,17 +140,9 @@ def _one_blas_thread() -> AbstractContextManager:
     return threadpool_limits(1, user_api="blas")
 
 
-def _has_gpu(use_gpu: bool) -> bool:
-    if not use_gpu:
-        return False
-    import faiss
-
-    return hasattr(faiss, "StandardGpuResources")
-
-
 def prototype_targets(targets: np.ndarray, features: np.ndarray, tau: float = 4.0,
                       iterations: int = 1, variant: str = "paper", chunk: int = 8192,
-                      use_gpu: bool = False) -> np.ndarray:
+                      use_gpu: bool = False, backend: Backend | None = None) -> np.ndarray:
     """Eq. 11-12: cosines of every sample's L2-normalised feature with the L2-normalised
     prototypes of the classes that have mass, in chunks of ``chunk`` rows. targets (M, C),
     features (M, D) → (M, C) float32; excluded classes get 0.
@@ -157,9 +152,18 @@ def prototype_targets(targets: np.ndarray, features: np.ndarray, tau: float = 4.
     exhaustively by one GEMM per chunk (:func:`_cosines`), on one BLAS thread
     (:func:`_one_blas_thread`); a GPU faiss flat index when ``use_gpu`` and faiss-gpu is present.
     At M = 1M × 256 this took 6.7 s against 10.3 s before (same run, load ~5; bench/scale.py).
+
+    Where (mrtf.compute.backend): ``backend``, else with ``use_gpu`` the default device's
+    (faiss-gpu, or on CUDA without it cluster_torch.py's torch twin: the same targets up to
+    float summation order), else the CPU path above.
     """
+    where = backend or gpu_backend(use_gpu)
+    if where.name == "torch":
+        return cluster_torch.prototype_targets(targets, features, _scale(tau, variant),
+                                               iterations, variant, chunk, where.device)
     with _one_blas_thread():
-        return _prototype_targets(targets, features, tau, iterations, variant, chunk, use_gpu)
+        return _prototype_targets(targets, features, tau, iterations, variant, chunk,
+                                  where.name == "faiss-gpu")
 
 
 def _prototype_targets(targets: np.ndarray, features: np.ndarray, tau: float, iterations: int,
@@ -176,7 +180,7 @@ def _prototype_targets(targets: np.ndarray, features: np.ndarray, tau: float, it
         protos, mass = prototypes(q, features, chunk, basis)
         keep = np.flatnonzero(mass > _MASS_EPS)
         protos_n = np.ascontiguousarray(_normalise(protos[keep]).astype(np.float32))
-        index = faiss_index(protos_n, "flat", use_gpu=True) if _has_gpu(use_gpu) else None
+        index = faiss_index(protos_n, "flat", use_gpu=True) if use_gpu else None
         out = np.empty((m, c), dtype=np.float32)
         ok = np.zeros(c, dtype=bool)
         ok[keep] = True
@@ -223,14 +227,16 @@ def nearest(queries: np.ndarray, database: np.ndarray, kind: str = "auto", seed:
 
 
 def kmeans_view(features: np.ndarray, n_clusters: int, seed: int = 0, iterations: int = 25,
-                max_points_per_centroid: int = 256) -> np.ndarray:
+                max_points_per_centroid: int = 256, backend: Backend | None = None
+                ) -> np.ndarray:
     """One-hot spherical k-means assignments (M, n) float32 of L2-normalised ``features``
     (:func:`kmeans_assign`).
 
     A view of the target set that no received model chose: the consensus (consensus.py) learns
     from the data how well these clusters follow the classes.
     """
-    assign, n = kmeans_assign(features, n_clusters, seed, iterations, max_points_per_centroid)
+    assign, n = kmeans_assign(features, n_clusters, seed, iterations, max_points_per_centroid,
+                              backend=backend)
     return one_hot(assign, n)
 
 
@@ -242,8 +248,8 @@ def one_hot(assign: np.ndarray, n: int) -> np.ndarray:
 
 
 def kmeans_assign(features, n_clusters: int, seed: int = 0, iterations: int = 25,
-                  max_points_per_centroid: int = 256, block: int = 65_536
-                  ) -> tuple[np.ndarray, int]:
+                  max_points_per_centroid: int = 256, block: int = 65_536,
+                  backend: Backend | None = None) -> tuple[np.ndarray, int]:
     """Spherical k-means (faiss) of L2-normalised ``features`` (M, D): (assignments (M,)
     int64, number of clusters n = min(n_clusters, M)).
 
@@ -252,9 +258,15 @@ def kmeans_assign(features, n_clusters: int, seed: int = 0, iterations: int = 25
     (a spill.SpillArray: nothing (M, D) is held); every row is then assigned by
     :func:`nearest`, a block at a time. At 1M × 256 the view took 2.9-5.6 s (8.7 s before;
     load ~5; bench/scale.py). Deterministic given ``seed`` (and the thread count).
+
+    ``backend`` (mrtf.compute.backend; None: 'auto', CUDA when present): 'faiss-cpu' as above;
+    'faiss-gpu' trains with faiss on the GPU; 'torch' trains with mrtf.compute.kmeans (faiss's
+    algorithm step for step: the same centroids up to float rounding); both assign every row
+    on the device (cluster_torch.py).
     """
     import faiss
 
+    where = backend or choose_backend(None)
     m, dim = features.shape[0], features.shape[1]
     n = max(1, min(n_clusters, m))
     cap = max_points_per_centroid * n
@@ -264,9 +276,15 @@ def kmeans_assign(features, n_clusters: int, seed: int = 0, iterations: int = 25
             not isinstance(features, np.ndarray) else features[rows]
     else:
         sample = features[0:m]
+    if where.name == "torch":
+        centroids = cluster_torch.kmeans_centroids(sample, n, iterations, seed, where.device)
+        return cluster_torch.assign_nearest(features, centroids, block, where.device), n
     km = faiss.Kmeans(dim, n, niter=iterations, seed=seed, spherical=True, verbose=False,
-                      min_points_per_centroid=1, max_points_per_centroid=max_points_per_centroid)
+                      min_points_per_centroid=1, max_points_per_centroid=max_points_per_centroid,
+                      gpu=where.name == "faiss-gpu")
     km.train(normalised_f32(sample))
+    if not where.on_host:
+        return cluster_torch.assign_nearest(features, km.centroids, block, where.device), n
     assign = np.empty(m, dtype=np.int64)
     with _one_blas_thread():
         for s in range(0, m, block):

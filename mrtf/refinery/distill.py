@@ -20,6 +20,7 @@ from mrtf.device import pick_device
 from mrtf.errors import FusionError
 from mrtf.models import has_batchnorm
 from mrtf.refinery.augment import Jitter, applies, jitter
+from mrtf.refinery.placement import kept_home
 
 VARIANTS = ("paper", "reference")
 #: offset of the jitter's random stream from the distillation seed
@@ -82,7 +83,8 @@ def distill(student: nn.Module, source, targets: np.ndarray, steps: int = 500,
             progress: bool = False, augment: Jitter | None = None) -> nn.Module:
     """Eq. 1-2: ``steps`` optimiser steps on random minibatches of the target set.
 
-    student : module refined in place (moved to ``device``); returned in eval mode.
+    student : module refined in place (on ``device`` while it trains); returned in eval mode
+        on the device it came on (also when the loss diverges: issue 36).
     source : H5Dataset / ArraySource (M rows); the rows the steps use are read in one
         streaming pass (:func:`gather_rows`). targets (M, C) float32.
     lr : None → the variant's default (paper 3e-4, reference 1e-3).
@@ -91,45 +93,46 @@ def distill(student: nn.Module, source, targets: np.ndarray, steps: int = 500,
     Deterministic given ``seed``. Raises FusionError when the loss is NaN or infinite.
     """
     dev = pick_device(device)
-    cfg = DistillSettings.for_variant(variant, lr)
-    student = student.to(dev).train()
-    opt = torch.optim.Adam(student.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps, eta_min=0.0) \
-        if cfg.cosine and steps > 0 else None
-    gen = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)  # dropout masks
-    tgt = torch.from_numpy(np.ascontiguousarray(targets, dtype=np.float32))
-    batches = list(_batches(len(source), steps, batch_size, gen))
-    rows = np.unique(np.concatenate(batches)) if batches else np.empty(0, np.int64)
-    data = gather_rows(source, rows)
-    if augment is not None and not applies(tuple(source.sample_shape)):
-        augment = None
-    # its own stream, so the batches and dropout masks are those of an unjittered run
-    moves = torch.Generator().manual_seed(seed + JITTER_STREAM)
-    bar = _bar(steps, progress)
-    for step, idx in enumerate(batches):
-        if len(idx) < 2 and has_batchnorm(student):
-            continue  # BatchNorm cannot train on a single sample
-        x = torch.from_numpy(data[np.searchsorted(rows, idx)]).to(dev)
-        if augment is not None:
-            x = jitter(x, moves, augment)
-        loss = soft_cross_entropy(student(x), tgt[idx].to(dev))
-        value = float(loss.detach())
-        if not math.isfinite(value):
-            raise FusionError(f"distillation diverged: loss is {value} at step {step}")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.clip:
-            nn.utils.clip_grad_norm_(student.parameters(), cfg.clip)
-        opt.step()
-        if sched is not None:
-            sched.step()
+    with kept_home(student):
+        cfg = DistillSettings.for_variant(variant, lr)
+        student = student.to(dev).train()
+        opt = torch.optim.Adam(student.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps, eta_min=0.0) \
+            if cfg.cosine and steps > 0 else None
+        gen = torch.Generator().manual_seed(seed)
+        torch.manual_seed(seed)  # dropout masks
+        tgt = torch.from_numpy(np.ascontiguousarray(targets, dtype=np.float32))
+        batches = list(_batches(len(source), steps, batch_size, gen))
+        rows = np.unique(np.concatenate(batches)) if batches else np.empty(0, np.int64)
+        data = gather_rows(source, rows)
+        if augment is not None and not applies(tuple(source.sample_shape)):
+            augment = None
+        # its own stream, so the batches and dropout masks are those of an unjittered run
+        moves = torch.Generator().manual_seed(seed + JITTER_STREAM)
+        bar = _bar(steps, progress)
+        for step, idx in enumerate(batches):
+            if len(idx) < 2 and has_batchnorm(student):
+                continue  # BatchNorm cannot train on a single sample
+            x = torch.from_numpy(data[np.searchsorted(rows, idx)]).to(dev)
+            if augment is not None:
+                x = jitter(x, moves, augment)
+            loss = soft_cross_entropy(student(x), tgt[idx].to(dev))
+            value = float(loss.detach())
+            if not math.isfinite(value):
+                raise FusionError(f"distillation diverged: loss is {value} at step {step}")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.clip:
+                nn.utils.clip_grad_norm_(student.parameters(), cfg.clip)
+            opt.step()
+            if sched is not None:
+                sched.step()
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{value:.4f}", refresh=False)
         if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{value:.4f}", refresh=False)
-    if bar is not None:
-        bar.close()
-    return student.eval()
+            bar.close()
+        return student.eval()
 
 
 def _bar(steps: int, progress: bool):

@@ -31,6 +31,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from mrtf.compute.knn import topk_block
+from mrtf.device import pick_device
 from mrtf.errors import InputError
 from mrtf.io.hdf5 import ArraySource
 from mrtf.refinery.teachers import TeacherChunks, _softmax_np, predict_probs
@@ -79,12 +81,13 @@ def nearest_rows(queries: np.ndarray, rows: np.ndarray, ref_unit: torch.Tensor,
                  ref: np.ndarray, k: int) -> np.ndarray:
     """(n, k) int64: for query features (n, D) of source rows ``rows``, the source rows of
     their k most cosine-similar reference rows (``ref_unit`` (R, D) normalised, ``ref`` their
-    sorted row indices); a query that is itself a reference row skips itself."""
-    sim = _unit(queries) @ ref_unit.T
+    sorted row indices); a query that is itself a reference row skips itself. On the device
+    ``ref_unit`` is on, by one product and top-k (mrtf.compute.knn)."""
     pos = np.minimum(np.searchsorted(ref, rows), len(ref) - 1)
-    own = np.nonzero(ref[pos] == rows)[0]
-    sim[torch.from_numpy(own), torch.from_numpy(pos[own])] = -float("inf")
-    return ref[sim.topk(k, dim=1).indices.numpy()]
+    skip = torch.from_numpy(np.where(ref[pos] == rows, pos, -1)).to(ref_unit.device)
+    _, top = topk_block(_unit(queries).to(ref_unit.device), ref_unit, k, exclude=skip,
+                        db_block=max(1, len(ref_unit)))
+    return ref[top.cpu().numpy()]
 
 
 def vote(probs: np.ndarray, neighbours: np.ndarray, block: int = 65_536) -> np.ndarray:
@@ -104,14 +107,17 @@ def predict_with_vote(model: nn.Module, source, k: int = NEIGHBOURS,
                       ) -> NeighbourVote:
     """The refined model's softmax on ``source`` and its neighbour vote, in one streamed pass
     (plus a pass over the reference rows when the target has more than ``reference``).
-    The model must have ``forward_features`` (every zoo model does). Never reads labels."""
+    The model must have ``forward_features`` (every zoo model does). Never reads labels.
+    The neighbours are searched on ``device`` too; the model is lent to the passes and left
+    where it was (placement.py)."""
+    dev = pick_device(device)
     m = len(source)
     ref = reference_rows(m, reference)
     k = min(k, len(ref) - 1)
     ref_unit = None
     if len(ref) < m:  # the reference rows' features first, so every block finds its neighbours
         ref_unit = _unit(_features(model, ArraySource(read_rows(source, ref)), batch_size,
-                                   device, stack))
+                                   device, stack)).to(dev)
     probs: np.ndarray | None = None
     feats: np.ndarray | None = None  # only when the reference is the whole target (m ≤ R)
     neighbours = np.empty((m, max(k, 0)), dtype=np.int64)
@@ -130,7 +136,7 @@ def predict_with_vote(model: nn.Module, source, k: int = NEIGHBOURS,
         return NeighbourVote(probs, probs.copy(), neighbours, len(ref))
     if ref_unit is None:
         assert feats is not None
-        ref_unit = _unit(feats)
+        ref_unit = _unit(feats).to(dev)
         for s in range(0, m, BLOCK):
             rows = np.arange(s, min(m, s + BLOCK))
             neighbours[rows] = nearest_rows(feats[rows], rows, ref_unit, ref, k)

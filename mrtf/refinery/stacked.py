@@ -21,10 +21,8 @@ prepacked once) read it without reorders; only the pooled 16×4×4 maps come bac
 tensors, gathered for the whole chunk, and each teacher's classifier runs on all its rows as
 three oneDNN inner products (ReLU fused). Why oneDNN throughout: on this AMD CPU (Zen 5, AVX-512)
 MKL's GEMM runs AVX2 code, 92 GFLOP/s for a 2,048² mm where oneDNN's inner product reaches 214;
-the GEMM engine's conv1 GEMM ``(576, 25) @ (25, 800)`` ran 93 against 194. The 1 → 16·n conv
-reaches 173-177 GFLOP/s alone in the blocked layout (4 images), where the same conv ran 44-52
-channels-last, and the grouped conv2 188-198 against 154-191 channels-last (alone; in the
-whole path, beside the other layers' cache traffic, 141 and 173).
+the GEMM engine's conv1 GEMM ``(576, 25) @ (25, 800)`` ran 93 against 194. (The measured
+rates are in docs/benchmarks/scale.md.)
 
 **GEMM engine** (when torch lacks the oneDNN ops): the unfold of a micro-batch laid out by 2×2
 pooling offset, ``(4, rows, 25)``, times all K·16 filters (one MKL GEMM); the max-pool is an
@@ -143,21 +141,35 @@ def _pooled_unfold(x: torch.Tensor, k: int) -> torch.Tensor:
     return view.reshape(b, 4, p * q, c * k * k)
 
 
-class _Block:
-    """The stacked weights of ``models`` (one teacher block)."""
+class _Block(nn.Module):
+    """The stacked weights of ``models`` (one teacher block), as buffers: ``.to(device)``
+    moves them all, and a block built from models on a device computes there (issue 36: its
+    pooling buffer was a CPU tensor, so the engine failed on CUDA)."""
 
     def __init__(self, models: Sequence[nn.Module]) -> None:
+        super().__init__()
         c1 = [m.body[0] for m in models]
-        self.w1 = torch.cat([c.weight.detach().flatten(1) for c in c1]).t().contiguous()
-        self.b1 = torch.cat([c.bias.detach() for c in c1])
-        self.w2 = torch.cat([m.body[3].weight.detach() for m in models]).contiguous(
-            memory_format=torch.channels_last)
-        self.b2 = torch.cat([m.body[3].bias.detach() for m in models])
+        self.register_buffer(
+            "w1", torch.cat([c.weight.detach().flatten(1) for c in c1]).t().contiguous())
+        self.register_buffer("b1", torch.cat([c.bias.detach() for c in c1]))
+        self.register_buffer("w2", torch.cat([m.body[3].weight.detach() for m in models])
+                             .contiguous(memory_format=torch.channels_last))
+        self.register_buffer("b2", torch.cat([m.body[3].bias.detach() for m in models]))
         self.pad2 = models[0].body[3].padding
         self.n = len(models)
         lin = [[m.classifier[i] for m in models] for i in (0, 2, 4)]
-        self.fw = [torch.stack([f.weight.detach().t() for f in fs]).contiguous() for fs in lin]
-        self.fb = [torch.stack([f.bias.detach()[None] for f in fs]) for fs in lin]
+        for i, fs in enumerate(lin):
+            self.register_buffer(
+                f"fw{i}", torch.stack([f.weight.detach().t() for f in fs]).contiguous())
+            self.register_buffer(f"fb{i}", torch.stack([f.bias.detach()[None] for f in fs]))
+
+    @property
+    def fw(self) -> list[torch.Tensor]:
+        return [self.fw0, self.fw1, self.fw2]
+
+    @property
+    def fb(self) -> list[torch.Tensor]:
+        return [self.fb0, self.fb1, self.fb2]
 
     def forward(self, u: torch.Tensor, shape: tuple[int, int], rows1: int | None
                 ) -> torch.Tensor:
@@ -166,7 +178,7 @@ class _Block:
         b, _, pq, ck = u.shape
         width = self.w1.shape[1]
         rows1 = rows1 or max(1, GEMM_BUDGET // (4 * pq * width * 4))
-        pooled = torch.empty(b, pq, width)
+        pooled = torch.empty(b, pq, width, dtype=u.dtype, device=u.device)
         for s in range(0, b, rows1):
             e = min(b, s + rows1)
             y = torch.mm(u[s:e].reshape(-1, ck), self.w1).view(e - s, 4, pq, width)
@@ -354,7 +366,8 @@ def stacked_forward(models: Sequence[nn.Module], probe: torch.Tensor,
 
     ``engine`` 'onednn' (blocked-layout oneDNN convs; ``block`` teachers and ``rows2`` images
     per call), 'gemm' (the shared-unfold GEMM; also ``rows1`` images per conv1 GEMM) or 'auto'
-    (oneDNN when its ops exist and agree on ``probe``, else the GEMM path)."""
+    (oneDNN when its ops exist and agree on ``probe``, else the GEMM path). Off the CPU (models
+    and ``probe`` on CUDA) only the GEMM engine runs, on that device."""
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     if probe.dim() != 4 or not eligible(models):
@@ -362,6 +375,10 @@ def stacked_forward(models: Sequence[nn.Module], probe: torch.Tensor,
     conv1 = models[0].body[0]
     if conv1.kernel_size[0] != conv1.kernel_size[1]:
         return None
+    if probe.device.type != "cpu":  # the native kernel and oneDNN are CPU engines
+        if engine not in ("auto", "gemm"):
+            return None
+        engine = "gemm"
     if engine in ("auto", "native"):
         run = _native_run(models, probe)
         if run is not None and _agrees(run, models, probe):

@@ -33,6 +33,7 @@ from torch.func import functional_call, stack_module_state, vmap
 from mrtf.device import pick_device
 from mrtf.errors import InputError
 from mrtf.refinery.fastpath import PRECISIONS, fast_features, fast_forward
+from mrtf.refinery.placement import lent
 from mrtf.refinery.prefetch import host_chunks, prefetched
 from mrtf.refinery.stacked import stacked_forward
 
@@ -192,6 +193,8 @@ class TeacherChunks:
     target set in chunks of ``batch_size`` rows (arguments as :func:`teacher_logits`). The
     next chunk is read from the source in a thread while the teachers run on this one
     (:func:`prefetched`). ``kinds`` lists each architecture group's path after the first chunk.
+    The models are on the device in eval mode while it iterates, and back where they were, in
+    their own modes, when it ends (placement.py).
     """
 
     def __init__(self, models: Sequence[nn.Module], source, batch_size: int = 1024,
@@ -202,13 +205,18 @@ class TeacherChunks:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         self.dev = pick_device(device)
         self.mode = resolve_stack(stack, self.dev)
-        self.models = [m.to(self.dev).eval() for m in models]
+        # the caller's modules are moved to the device only while iterating (placement.py)
+        self.models = list(models)
         self.source, self.batch_size, self.precision = source, batch_size, precision
-        self.features_of = None if features_of is None else features_of.to(self.dev).eval()
+        self.features_of = features_of
         self.progress = progress
         self.kinds: list[str] = []
 
     def __iter__(self):
+        with lent([*self.models, self.features_of], self.dev):
+            yield from self._chunks()
+
+    def _chunks(self):
         from tqdm import tqdm
 
         forwards = None

@@ -17,7 +17,13 @@ costs one pass over the target by blocks, so the streaming path computes it too.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
+import torch
+
+from mrtf.compute.backend import choose_backend
+from mrtf.compute.knn import topk_block, unit_rows
 
 #: neighbours per sample
 K = 10
@@ -52,11 +58,33 @@ def _unit(z: np.ndarray) -> np.ndarray:
     return z / (np.linalg.norm(z, axis=1, keepdims=True) + 1e-12)
 
 
+@dataclass
+class _Projection:
+    """The reference's principal subspace: target rows → unit vectors in it (float64)."""
+
+    cols: np.ndarray | None  # the fixed input coordinates read (None: all)
+    mu: np.ndarray
+    basis: np.ndarray  # (width, dims)
+
+    def flat(self, x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
+        return x if self.cols is None else x[:, self.cols]
+
+    def unit(self, x: np.ndarray) -> np.ndarray:
+        return _unit((self.flat(x) - self.mu) @ self.basis)
+
+
 def target_neighbours(source, k: int = K, reference: int = REFERENCE, dims: int = DIMS,
-                      block: int = BLOCK) -> np.ndarray | None:
+                      block: int = BLOCK, device: str | torch.device | None = None
+                      ) -> np.ndarray | None:
     """(M, k) int32: each target row's k nearest reference rows (itself excluded), as row
     indices of ``source`` (anything with ``len`` and ``read(start, stop)``: H5Dataset,
-    ArraySource). None when the target has fewer than 2 rows. Never reads labels."""
+    ArraySource). None when the target has fewer than 2 rows. Never reads labels.
+
+    ``device`` (None: CUDA when present): on the CPU, numpy as always; elsewhere the blocks
+    are projected and searched on the device in float64 (mrtf.compute.knn): the same
+    neighbour sets up to ties (in another order within a row, which label_consistency, a
+    share, does not see)."""
     m = len(source)
     ref = reference_rows(m, reference)
     k = min(k, len(ref) - 1)
@@ -65,19 +93,18 @@ def target_neighbours(source, k: int = K, reference: int = REFERENCE, dims: int 
     width = int(np.prod(source.read(0, 1).shape[1:]))
     cols = None if width <= MAX_INPUT else \
         np.sort(np.random.default_rng(0).choice(width, MAX_INPUT, replace=False))
-
-    def flat(x: np.ndarray) -> np.ndarray:
-        x = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
-        return x if cols is None else x[:, cols]
-
-    xr = flat(read_rows(source, ref))
-    mu = xr.mean(0)
-    _, _, vt = np.linalg.svd(xr - mu, full_matrices=False)
-    basis = vt[:dims].T
-    zr = _unit((xr - mu) @ basis)
+    proj = _Projection(cols, np.zeros(0), np.zeros(0))
+    xr = proj.flat(read_rows(source, ref))
+    proj.mu = xr.mean(0)
+    _, _, vt = np.linalg.svd(xr - proj.mu, full_matrices=False)
+    proj.basis = vt[:dims].T
+    zr = _unit((xr - proj.mu) @ proj.basis)
+    where = choose_backend(device)
+    if not where.on_host:
+        return _device_neighbours(source, proj, zr, ref, k, block, where.device)
     out = np.empty((m, k), dtype=np.int32)  # half of int64 at 1M rows: 40 MB for k = 10
     for s in range(0, m, block):
-        z = _unit((flat(source.read(s, s + block)) - mu) @ basis)
+        z = proj.unit(source.read(s, s + block))
         sim = z @ zr.T
         rows = np.arange(s, s + len(z))
         pos = np.minimum(np.searchsorted(ref, rows), len(ref) - 1)
@@ -85,6 +112,26 @@ def target_neighbours(source, k: int = K, reference: int = REFERENCE, dims: int 
         sim[np.nonzero(own)[0], pos[own]] = -np.inf
         top = np.argpartition(-sim, k - 1, axis=1)[:, :k]
         out[s:s + len(z)] = ref[top]
+    return out
+
+
+def _device_neighbours(source, proj: _Projection, zr: np.ndarray, ref: np.ndarray, k: int,
+                       block: int, device: torch.device) -> np.ndarray:
+    """target_neighbours' search on ``device``: each block read, moved, projected (float64)
+    and compared with the reference by one product and top-k."""
+    mu, basis = (torch.from_numpy(a).to(device) for a in (proj.mu, proj.basis))
+    ref_unit = torch.from_numpy(zr).to(device)
+    out = np.empty((len(source), k), dtype=np.int32)
+    for s in range(0, len(source), block):
+        x = np.asarray(source.read(s, s + block))
+        x = x.reshape(len(x), -1) if proj.cols is None else x.reshape(len(x), -1)[:, proj.cols]
+        z = unit_rows((torch.from_numpy(np.ascontiguousarray(x)).to(device).double() - mu)
+                      @ basis)
+        rows = np.arange(s, s + len(x))
+        pos = np.minimum(np.searchsorted(ref, rows), len(ref) - 1)
+        skip = torch.from_numpy(np.where(ref[pos] == rows, pos, -1)).to(device)
+        _, top = topk_block(z, ref_unit, k, exclude=skip, db_block=len(ref))
+        out[s:s + len(x)] = ref[top.cpu().numpy()]
     return out
 
 

@@ -1,0 +1,9 @@
+"""Nearest neighbours and k-means on any torch device (issue 36), for the refinery (CLR, the
+k-means view, the neighbour vote) and the trust signals (mrtf.trust.neighbours).
+
+- :mod:`mrtf.compute.backend`: where they run: faiss-cpu (the CPU path), faiss-gpu, or torch;
+- :mod:`mrtf.compute.knn`: exact k-NN by blocked products and top-k;
+- :mod:`mrtf.compute.kmeans`: spherical k-means, step for step faiss's.
+
+It imports nothing of mrtf but mrtf.device, so both mrtf.refinery and mrtf.trust can use it.
+"""
