@@ -8,7 +8,7 @@ import click
 
 from mrtf.cli.common import Out, output_options, shown, table
 from mrtf.errors import InputError
-from mrtf.io.bundles import load_bundle, load_received
+from mrtf.io.bundles import MODEL_SUFFIXES, load_bundle, load_received
 from mrtf.io.hdf5 import describe_h5
 from mrtf.io.limits import check_memory, labeling_bytes
 
@@ -33,13 +33,16 @@ def inspect(path: Path, trust_arch: tuple[str, ...], out: Out, data: Path | None
         raise InputError("--data applies to a received directory only")
     if path.is_dir():
         _inspect_dir(path, trust_arch, out, data, device)
-    elif path.suffix in (".safetensors", ".pt"):
+    elif path.suffix in MODEL_SUFFIXES:
         model = load_bundle(path, trust_arch)
         for note in model.notes:
             out.warn(f"{path.name}: {note}")
         info = _model_row(model)
         info["tensors"] = len(model.state_dict)
         info["parameters"] = int(sum(t.numel() for t in model.state_dict.values()))
+        if model.onnx is not None:  # a graph: its nodes and stored values instead
+            info["tensors"] = f"{len(model.onnx.model.graph.node)} ONNX nodes"
+            info["parameters"] = model.onnx.values
         for key, value in info.items():
             out.say(f"{key:>12}: {shown(value)}")
         out.summary({"command": "inspect", "kind": "model", **info})
@@ -55,7 +58,7 @@ def inspect(path: Path, trust_arch: tuple[str, ...], out: Out, data: Path | None
         out.summary({"command": "inspect", "kind": "hdf5", **info})
     else:
         raise InputError(f"{path}: don't know how to inspect this (expected a directory, "
-                         ".safetensors, .pt or .h5)")
+                         ".safetensors, .pt, .onnx or .h5)")
 
 
 def _model_row(m) -> dict:
@@ -75,7 +78,7 @@ def _inspect_dir(path: Path, trust: tuple[str, ...], out: Out, data: Path | None
     rows += [{"file": f.name, "status": f"refused: {why}"} for f, why in received.refused]
     rows.sort(key=lambda r: r["file"])
     if not rows:
-        raise InputError(f"{path}: holds no received models (.safetensors or .pt)")
+        raise InputError(f"{path}: holds no received models (.safetensors, .pt or .onnx)")
     out.say(table([[r["file"], r.get("party"), r.get("role"), r.get("arch"), r.get("classes"),
                     r.get("samples"), r.get("loss"), r.get("round"),
                     _counts(r.get("label_counts")), r["status"]] for r in rows],

@@ -27,9 +27,10 @@ from mrtf.io.labels_csv import write_labels_csv
 from mrtf.io.limits import check_memory
 from mrtf.io.outputs import Outputs
 from mrtf.io.parties import describe, duplicate_parties, plan_parties
-from mrtf.io.refined import new_student, refined_meta
+from mrtf.io.refined import new_student, refined_meta, student_of_onnx_set
 from mrtf.progress import log_lines
 from mrtf.refinery import METHODS, RefineConfig, refine
+from mrtf.refinery.augment import applies
 from mrtf.refinery.neighbour_vote import NEIGHBOURS, check_neighbours
 from mrtf.refinery.registry import method_help
 from mrtf.refinery.storage import memory_estimate, use_streaming
@@ -98,7 +99,10 @@ from mrtf.trust.selective import check_selection, select
               help="Without --data: force this data-free method (default: chosen for you).")
 @click.option("--dump-samples", type=click.Path(path_type=Path), default=None,
               help="Data-free: write a PNG grid of generated images per class.")
-@click.option("--trust-arch", multiple=True, help="A package.module:factory you trust.")
+@click.option("--trust-arch", multiple=True, metavar="MODULE:FACTORY",
+              help="Your own model code (trusted, local): received files that name this "
+                   "module:factory are built with it; the current folder is importable. "
+                   "Repeatable.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default=None, help="cpu, cuda, ... (default: CUDA when present).")
 @click.option("--stream", type=click.Choice(["auto", "on", "off"]), default="auto",
@@ -143,6 +147,9 @@ def refine_cmd(received: Path, data: Path | None, labels_out: Path | None,
         for note in rs.notes:
             out.warn(note)
         job = "refine"
+        if data is None and any(m.onnx for m in rs.models):
+            raise InputError("data-free fusion trains a generator through the teachers' "
+                             "gradients, which ONNX models do not give: refine with --data")
         if data is None:
             from mrtf.datafree import choose_method
 
@@ -165,6 +172,9 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, outs: Outputs,
     # after the refinement would waste it
     source.check_columns(rs.num_classes, " of the received models")
     probe_outputs(rs, source, student)
+    if cfg.method == "adaptive" and cfg.augment and not applies(source.sample_shape):
+        out.say(f"note: input jitter is for images; off for samples of shape "
+                f"{source.sample_shape} (feature vectors)")
     # the refined model's metadata must be writable: find out now, not after the work
     refined_meta(rs, student_meta, cfg.method, {}).validate("the refined model's metadata")
     out.say(f"refining {len(rs.by_role('local'))} local models "
@@ -305,4 +315,9 @@ def load_student(rs: ReceivedSet, opts: dict[str, Any], sample_shape: tuple[int,
         return sm.build(), sm.meta
     if opts["student_arch"] is not None:
         return new_student(rs, opts["student_arch"], opts["seed"], sample_shape)
+    onnx_start = student_of_onnx_set(rs)
+    if onnx_start is not None:
+        if out is not None:
+            out.say(onnx_start[2])
+        return onnx_start[0], onnx_start[1]
     return None, None

@@ -314,7 +314,8 @@ ACCEPTED = [
         ("out/l.h5", "out/m.safetensors")),
     Accepted("other-file-in-received", lambda w, b: _note_dir(
         w, b, lambda d: (d / "notes.txt").write_text("hi")),
-        "skipped notes.txt (not a .safetensors or .pt model)", ("out/l.h5", "out/m.safetensors")),
+        "skipped notes.txt (not a .safetensors/.pt/.onnx model)",
+        ("out/l.h5", "out/m.safetensors")),
     Accepted("sub-directory-in-received", lambda w, b: _note_dir(
         w, b, lambda d: (d / "ckpt").mkdir()),
         "skipped ckpt: a directory (received directories are not searched recursively)",

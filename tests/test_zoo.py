@@ -67,7 +67,9 @@ def test_custom_model_gets_features_from_last_linear_input():
     x = torch.rand(4, 1, 8, 8)
     h, logits = model.forward_features(x)
     assert h.shape == (4, 12) and logits.shape == (4, 5)
-    inner = model.net
-    torch.testing.assert_close(h, torch.relu(inner[1](inner[0](x))))
+    torch.testing.assert_close(h, torch.relu(model[1](model[0](x))))
+    # nothing renamed: the keys are the user's own, as torch.save(model.state_dict()) wrote
+    assert set(model.state_dict()) == set(plain_net(5, 12).state_dict())
+    assert isinstance(model, nn.Sequential)
     with pytest.raises(InputError, match="cannot import"):
         build_model("tests.nope:factory", 5)

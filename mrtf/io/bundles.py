@@ -1,16 +1,17 @@
 """Received-model bundles: one party = one ``.safetensors`` file with ``mrtf.*`` metadata.
 
 A plain ``.pt`` state dict with a ``.json`` sidecar of the same keys is also read, with
-``torch.load(weights_only=True)`` only. Received files are untrusted: nothing in them is
-unpickled or executed, and a ``module:factory`` architecture named in a file is refused unless
-the caller lists it in ``trusted_archs``.
+``torch.load(weights_only=True)`` only; an ``.onnx`` graph teaches (mrtf/io/onnx_files.py).
+Received files are untrusted: nothing in them is unpickled or executed, and a
+``module:factory`` architecture named in a file is refused unless the caller lists it in
+``trusted_archs``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from mrtf.io.limits import (
     check_regular_file,
     reference_shapes,
 )
+from mrtf.io.onnx_files import CheckedOnnx, read_onnx
 from mrtf.io.readers import first_line, load_safetensors, peek_safetensors, read_pt
 from mrtf.io.weights import check_against_reference, normalise_weights
 from mrtf.models import build_model
@@ -186,13 +188,16 @@ class ReceivedModel:
     meta: BundleMeta
     state_dict: dict[str, torch.Tensor]
     notes: list[str] = field(default_factory=list)
+    onnx: CheckedOnnx | None = None  # an .onnx file's graph: it only teaches, no state_dict
 
     @property
     def name(self) -> str:
         return self.meta.party or self.path.stem
 
     def build(self, device: torch.device | str = "cpu") -> nn.Module:
-        """A fresh module with these weights, in eval mode."""
+        """A fresh module with these weights, in eval mode (ONNX: its onnxruntime teacher)."""
+        if self.onnx is not None:
+            return self.onnx.teacher(self.meta.num_classes)
         model = build_model(self.meta.arch, self.meta.num_classes, **self.meta.arch_kwargs)
         model.load_state_dict(self.state_dict)
         return model.to(device).eval()
@@ -234,6 +239,9 @@ def load_bundle(path: str | os.PathLike, trusted_archs: Collection[str] = ()) ->
     """
     p = Path(path)
     check_regular_file(p, "model file")
+    if p.suffix == ".onnx":
+        head, graph = read_onnx(p)
+        return ReceivedModel(p, BundleMeta.from_header(head, str(p)), {}, graph.notes, graph)
     if p.suffix == ".safetensors":
         head, found = peek_safetensors(p)
         state = None
@@ -241,12 +249,12 @@ def load_bundle(path: str | os.PathLike, trusted_archs: Collection[str] = ()) ->
         head, state = read_pt(p)
         found = {k: (tuple(v.shape), v.dtype) for k, v in state.items()}
     else:
-        raise InputError(f"{p}: unknown model file type (expected .safetensors or .pt + .json)")
+        raise InputError(f"{p}: unknown model file type (not .safetensors, .pt+.json or .onnx)")
     meta = BundleMeta.from_header(head, str(p))
     if ":" in meta.arch and meta.arch not in trusted_archs:
         raise InputError(
             f"{p}: custom architecture {meta.arch!r} is code; received files may not run code "
-            "(trust it explicitly with --trust-arch)")
+            f"(your own model code? trust it explicitly with --trust-arch {meta.arch})")
     try:
         ref = reference_shapes(meta.arch, meta.num_classes, meta.arch_kwargs)
     except InputError as exc:
@@ -256,17 +264,6 @@ def load_bundle(path: str | os.PathLike, trusted_archs: Collection[str] = ()) ->
         state = load_safetensors(p)
     state, notes = normalise_weights(p, state, ref)
     return ReceivedModel(path=p, meta=meta, state_dict=state, notes=notes)
-
-
-def check_state(p: Path, meta: BundleMeta, state: dict[str, torch.Tensor]) -> None:
-    """State dict vs. architecture: same keys, same shapes, accepted dtypes, finite values."""
-    try:
-        ref = reference_shapes(meta.arch, meta.num_classes, meta.arch_kwargs)
-    except InputError as exc:
-        raise InputError(f"{p}: {exc}") from None
-    check_against_reference(p, meta.arch, meta.num_classes,
-                            {k: (tuple(v.shape), v.dtype) for k, v in state.items()}, ref)
-    normalise_weights(p, state, ref)
 
 
 @dataclass
@@ -286,7 +283,7 @@ class ReceivedSet:
         return [m for m in self.models if m.meta.role == role]
 
 
-MODEL_SUFFIXES = (".safetensors", ".pt")
+MODEL_SUFFIXES = (".safetensors", ".pt", ".onnx")
 
 
 def scan_received(directory: str | os.PathLike
@@ -316,8 +313,8 @@ def scan_received(directory: str | os.PathLike
         path, suffix = d / e.name, Path(e.name).suffix
         if e.name.startswith("."):
             continue
-        if suffix == ".json" and f"{Path(e.name).stem}.pt" in names:
-            continue  # a .pt's sidecar, read with it
+        if suffix == ".json" and names & {f"{Path(e.name).stem}{s}" for s in (".pt", ".onnx")}:
+            continue  # a .pt's or .onnx's sidecar, read with it
         if e.is_symlink():
             why = "a symbolic link; received models must be regular files in the directory " \
                   "(links are not followed)"
@@ -327,7 +324,7 @@ def scan_received(directory: str | os.PathLike
             if suffix in MODEL_SUFFIXES:
                 files.append(path)
             else:
-                notes.append(f"skipped {printable(e.name)} (not a .safetensors or .pt model)")
+                notes.append(f"skipped {printable(e.name)} (not a .safetensors/.pt/.onnx model)")
             continue
         elif e.is_dir(follow_symlinks=False):
             why = "a directory (received directories are not searched recursively)"
@@ -383,7 +380,7 @@ def load_received(directory: str | os.PathLike, trusted_archs: Collection[str] =
             refused.append((f, str(exc).removeprefix(f"{f}: ")))
     refused.sort(key=lambda r: r[0].name)
     if strict and not models:
-        raise InputError(f"{directory}: holds no received models (.safetensors or .pt)")
+        raise InputError(f"{directory}: holds no received models (.safetensors, .pt, .onnx)")
     classes = {m.meta.num_classes for m in models}
     if len(classes) > 1:
         detail = ", ".join(f"{m.path.name}={m.meta.num_classes}" for m in models)
@@ -391,10 +388,3 @@ def load_received(directory: str | os.PathLike, trusted_archs: Collection[str] =
     notes += [f"{m.path.name}: {n}" for m in models for n in m.notes]
     return ReceivedSet(models=models, refused=refused, notes=notes)
 
-
-def check_same_classes(models: Sequence[ReceivedModel], num_classes: int, what: str) -> None:
-    """Raise if any model's class count differs from ``num_classes`` (e.g. a --student file)."""
-    for m in models:
-        if m.meta.num_classes != num_classes:
-            raise InputError(f"{what} has {num_classes} classes but {m.path.name} has "
-                             f"{m.meta.num_classes}")

@@ -23,6 +23,9 @@ def expected_shape(arch_kwargs: dict[str, Any]) -> tuple[int, int] | None:
 def convert_hint(arch_kwargs: dict[str, Any], sample_shape: tuple[int, ...]) -> str:
     """What to do when the data's shape does not fit: the convert flags that make it fit."""
     want = expected_shape(arch_kwargs)
+    if isinstance(arch_kwargs.get("in_features"), int):
+        return (f"the model expects feature vectors of length {arch_kwargs['in_features']} "
+                "(x of shape (M, D))")
     if want is None:
         return "convert the data to the shape the received models were trained on"
     c, s = want
@@ -46,7 +49,8 @@ def check_model_fits(model: nn.Module, name: str, source: Any, num_classes: int,
         with torch.inference_mode():
             logits = model.eval()(x)
     except (RuntimeError, ValueError, IndexError, TypeError) as exc:
-        raise InputError(f"{where}: images of shape {'×'.join(map(str, shape))} do "
+        what = "images" if len(shape) == 3 else "samples"
+        raise InputError(f"{where}: {what} of shape {'×'.join(map(str, shape))} do "
                          f"not fit model {name} ({first_line(exc, 100)}); "
                          f"{convert_hint(arch_kwargs, shape)}") from None
     if logits.dim() != 2 or logits.shape[1] != num_classes:

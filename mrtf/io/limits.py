@@ -42,6 +42,7 @@ MAX_ABS_X = 1e6  # input values (after uint8 scaling); larger ones overflow the 
 ARCH_INT_BOUNDS: dict[str, tuple[int, int]] = {
     "in_channels": (1, 64), "image_size": (1, 512), "vocab_size": (1, 1_000_000),
     "embed_dim": (1, 4096), "hidden": (1, 8192), "layers": (1, 16),
+    "in_features": (1, 1_000_000), "feature_dim": (1, 8192),
 }
 
 # Weight dtypes: float32 as is; these are converted to float32 with a note; others refused.

@@ -64,7 +64,8 @@ def plan_parties(received: Any, job: str) -> list[PartyUse]:
         chosen = {id(m) for m in latest_per_party(locals_)}
     glob = [m for m in received.models if m.meta.role == "global"]
     hetero = len({(m.meta.arch, str(sorted(m.meta.arch_kwargs.items())))
-                  for m in locals_ if newest is None or m.meta.round in (None, newest)}) > 1
+                  for m in locals_ if newest is None or m.meta.round in (None, newest)}) > 1 \
+        or any(m.onnx for m in locals_)
     newest_glob = max(glob, key=lambda m: -1 if m.meta.round is None else m.meta.round,
                       default=None)
     rows = []

@@ -112,6 +112,13 @@ def read_pt(p: Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
     sidecar = p.with_suffix(".json")
     if not sidecar.exists() and not sidecar.is_symlink():
         raise InputError(f"{p}: a .pt model needs a {sidecar.name} sidecar with its mrtf.* keys")
+    head = read_sidecar(sidecar)
+    return head, _read_pt_state(p)
+
+
+def read_sidecar(sidecar: Path) -> dict[str, str]:
+    """A model's ``.json`` sidecar as string-valued ``mrtf.*`` header keys (a key without
+    the prefix gets it; non-string values are kept as JSON text)."""
     if sidecar.is_symlink():  # as for the models: links beside received files are not followed
         raise InputError(f"{sidecar}: a symbolic link; a sidecar must be a regular file")
     check_regular_file(sidecar, "sidecar", MAX_SIDECAR_BYTES)
@@ -126,6 +133,10 @@ def read_pt(p: Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
                 (v if isinstance(v, str) else json.dumps(v)) for k, v in raw.items()}
     except (ValueError, RecursionError) as exc:
         raise InputError(f"{sidecar}: unusable JSON values ({first_line(exc)})") from None
+    return head
+
+
+def _read_pt_state(p: Path) -> dict[str, torch.Tensor]:
     # A zip whose entries unpack to more than the cap is a decompression bomb: refused from
     # the zip's directory before torch inflates anything.
     check_zip_sizes(p)
@@ -146,6 +157,6 @@ def read_pt(p: Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
     if not isinstance(state, dict) or not all(
             isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
         raise InputError(f"{p}: not a state dict of named tensors")
-    return head, state
+    return state
 
 

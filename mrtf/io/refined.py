@@ -10,23 +10,22 @@ import numpy as np
 import torch
 from torch import nn
 
+from mrtf.averaging import average_received
 from mrtf.errors import InputError
 from mrtf.io.bundles import BundleMeta, ReceivedSet
-from mrtf.models import build_model, image_kwargs
+from mrtf.models import build_model, image_kwargs, input_kwargs
 
 
 def student_kwargs(rs: ReceivedSet, arch: str, shape: tuple[int, ...] | None) -> dict:
-    """``arch``'s keyword arguments for samples of ``shape`` (C, H, W); without data, the image
-    shape of a received image model."""
+    """``arch``'s keyword arguments for samples of ``shape``: (C, H, W) images or (D,) feature
+    vectors; without data, the image shape of a received image model."""
     if shape is None:  # data-free: take the image shape from a received image model
         kw = next((m.meta.arch_kwargs for m in rs.models
                    if "in_channels" in m.meta.arch_kwargs), None)
         if kw is None:
             raise InputError("cannot tell the image shape for --student-arch without --data")
         return image_kwargs(arch, kw["in_channels"], kw["image_size"])
-    if len(shape) == 3:
-        return image_kwargs(arch, shape[0], shape[-1])
-    return {}
+    return input_kwargs(arch, shape)
 
 
 def new_student(rs: ReceivedSet, arch: str, seed: int, shape: tuple[int, ...] | None
@@ -37,6 +36,34 @@ def new_student(rs: ReceivedSet, arch: str, seed: int, shape: tuple[int, ...] | 
     torch.manual_seed(seed)
     model = build_model(arch, rs.num_classes, **kwargs)
     return model, BundleMeta(arch=arch, num_classes=rs.num_classes, arch_kwargs=kwargs)
+
+
+def student_of_onnx_set(rs: ReceivedSet) -> tuple[nn.Module, BundleMeta, str] | None:
+    """(student, its metadata, a note) when some local parties sent ONNX graphs, which only
+    teach (they are not trainable here): the parameter average of the PyTorch parties when
+    they share one architecture. None when no party sent ONNX; InputError when none of the
+    PyTorch parties can start the student (the user gives --student-arch or --student)."""
+    locals_ = rs.by_role("local")
+    rounds = [m.meta.round for m in locals_ if m.meta.round is not None]
+    if rounds:  # the newest round's parties teach (S_t, as the refinery selects them)
+        locals_ = [m for m in locals_ if m.meta.round in (None, max(rounds))]
+    if not any(m.onnx for m in locals_):
+        return None
+    torch_parties = [m for m in locals_ if m.onnx is None]
+    archs = {(m.meta.arch, json.dumps(m.meta.arch_kwargs, sort_keys=True))
+             for m in torch_parties}
+    if len(archs) != 1:
+        why = ("every party sent ONNX" if not torch_parties
+               else "the PyTorch parties differ in architecture")
+        raise InputError(f"ONNX models teach but cannot be trained here and {why}: give the "
+                         "model to refine with --student-arch ARCH (a built-in name or your "
+                         "own module:factory) or --student FILE")
+    model, _ = average_received(torch_parties)
+    n_onnx = len(locals_) - len(torch_parties)
+    teach = "party teaches" if n_onnx == 1 else "parties teach"
+    note = (f"the student starts from the parameter average of the {len(torch_parties)} "
+            f"PyTorch parties; the {n_onnx} ONNX {teach}")
+    return model, torch_parties[0].meta, note
 
 
 def refined_meta(rs: ReceivedSet, student_meta: BundleMeta | None, method: str,

@@ -34,8 +34,13 @@ def check_against_reference(p: Path, arch: str, num_classes: int, found: Shapes,
     if missing or unexpected:
         what = [f"missing {', '.join(missing[:3])}" if missing else "",
                 f"unexpected {', '.join(unexpected[:3])}" if unexpected else ""]
+        hint = ""
+        if found and all(k.startswith("module.") for k in found) and \
+                {k.removeprefix("module.") for k in found} == set(ref):
+            hint = (" (saved from nn.DataParallel or DistributedDataParallel: save "
+                    "model.module.state_dict() instead)")
         raise InputError(f"{p}: weights do not match {arch!r}: "
-                         + "; ".join(w for w in what if w))
+                         + "; ".join(w for w in what if w) + hint)
     for key, (shape, dtype) in found.items():
         ref_shape, ref_dtype = ref[key]
         if tuple(shape) != tuple(ref_shape):

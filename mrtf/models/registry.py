@@ -6,20 +6,19 @@ training and for rebuilding a received model before its weights are loaded.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch import nn
 
 from mrtf.errors import InputError
+from mrtf.models.custom import accepted_kwargs, build_custom
 from mrtf.models.zoo import NORMS, VGG8, CharLSTM, ConvNet, LeNet, MLPNet, ResNet
 
 # Name → (constructor, accepted kwargs). Image models take in_channels/image_size; some a norm.
 _IMAGE = ("in_channels", "image_size")
 _REGISTRY: dict[str, tuple[Callable[..., nn.Module], tuple[str, ...]]] = {
-    "mlp": (MLPNet, _IMAGE),
+    "mlp": (MLPNet, _IMAGE + ("in_features", "hidden", "feature_dim")),
     "lenet": (LeNet, _IMAGE),
     "convnet": (ConvNet, _IMAGE + ("norm",)),
     "vgg8": (VGG8, _IMAGE + ("norm", "dropout")),
@@ -41,7 +40,12 @@ def register(name: str, factory: Callable[..., nn.Module], kwargs: tuple[str, ..
 
 def image_kwargs(arch: str, in_channels: int, image_size: int, norm: str | None = None
                  ) -> dict[str, Any]:
-    """The subset of (in_channels, image_size, norm) that ``arch`` accepts."""
+    """The subset of (in_channels, image_size, norm) that ``arch`` accepts (a custom
+    ``module:factory``: the ones its signature names)."""
+    if ":" in arch:
+        given = {"in_channels": in_channels, "image_size": image_size, "norm": norm}
+        return {k: v for k, v in given.items()
+                if v is not None and k in accepted_kwargs(arch, tuple(given))}
     if arch not in _REGISTRY:
         return {"in_channels": in_channels, "image_size": image_size}
     accepted = _REGISTRY[arch][1]
@@ -53,8 +57,24 @@ def image_kwargs(arch: str, in_channels: int, image_size: int, norm: str | None 
     return kw
 
 
+def input_kwargs(arch: str, sample_shape: tuple[int, ...]) -> dict[str, Any]:
+    """``arch``'s keyword arguments for samples of ``sample_shape``: (C, H, W) images give
+    in_channels / image_size (:func:`image_kwargs`), flat (D,) feature vectors in_features
+    where the architecture takes it (``mlp``, or a custom factory naming it)."""
+    if len(sample_shape) == 3:
+        return image_kwargs(arch, sample_shape[0], sample_shape[-1])
+    if len(sample_shape) != 1:
+        return {}
+    if ":" in arch:
+        takes = "in_features" in accepted_kwargs(arch, ("in_features",))
+    else:
+        takes = arch in _REGISTRY and "in_features" in _REGISTRY[arch][1]
+    return {"in_features": int(sample_shape[0])} if takes else {}
+
+
 def build_model(arch: str, num_classes: int, **arch_kwargs: Any) -> nn.Module:
-    """Build a registered model, or a user model given as ``package.module:factory``.
+    """Build a registered model, or a user model given as ``package.module:factory``
+    (trusted local code, mrtf/models/custom.py: its state_dict keys as the user saved them).
 
     Returns a module with ``forward_features(x) -> (h (B, D), logits (B, C))``.
     Raises InputError for an unknown name or unusable keyword arguments.
@@ -62,7 +82,7 @@ def build_model(arch: str, num_classes: int, **arch_kwargs: Any) -> nn.Module:
     if not isinstance(num_classes, int) or num_classes < 2:
         raise InputError(f"num_classes must be an integer >= 2, got {num_classes!r}")
     if ":" in arch:
-        return _build_custom(arch, num_classes, arch_kwargs)
+        return build_custom(arch, num_classes, arch_kwargs)
     if arch not in _REGISTRY:
         raise InputError(
             f"unknown architecture {arch!r}; known: {', '.join(available_archs())}, "
@@ -78,46 +98,6 @@ def build_model(arch: str, num_classes: int, **arch_kwargs: Any) -> nn.Module:
         return factory(num_classes=num_classes, **arch_kwargs)
     except (ValueError, RuntimeError, TypeError) as exc:
         raise InputError(f"cannot build {arch!r} with {arch_kwargs}: {exc}") from None
-
-
-class HookedModel(nn.Module):
-    """Wraps a user's ``nn.Module``: features are the input of its last ``nn.Linear``."""
-
-    def __init__(self, net: nn.Module, num_classes: int) -> None:
-        super().__init__()
-        linears = [m for m in net.modules() if isinstance(m, nn.Linear)]
-        if not linears:
-            raise InputError("a custom model needs an nn.Linear layer to take features from")
-        self.net, self.num_classes = net, num_classes
-        self.feature_dim = linears[-1].in_features
-        self._last = linears[-1]
-
-    def forward_features(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        seen: list[torch.Tensor] = []
-        handle = self._last.register_forward_pre_hook(lambda _m, inp: seen.append(inp[0]))
-        try:
-            logits = self.net(x)
-        finally:
-            handle.remove()
-        return seen[-1].flatten(1), logits
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-
-def _build_custom(spec: str, num_classes: int, kwargs: dict[str, Any]) -> nn.Module:
-    module_name, _, attr = spec.partition(":")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise InputError(f"cannot import custom model {spec!r}: {exc}") from None
-    try:
-        net = factory(num_classes=num_classes, **kwargs)
-    except TypeError as exc:
-        raise InputError(f"custom model {spec!r} rejected its arguments: {exc}") from None
-    if hasattr(net, "forward_features"):
-        return net
-    return HookedModel(net, num_classes)
 
 
 def has_batchnorm(model: nn.Module) -> bool:

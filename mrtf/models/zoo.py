@@ -57,15 +57,18 @@ def _flat_dim(body: nn.Module, in_channels: int, image_size: int) -> int:
 
 
 class MLPNet(FeatureModel):
-    """in → 1024 → 1024 → 128 (features) → C."""
+    """in → 1024 → 1024 → 128 (features) → C. ``in_features``: flat feature vectors (tabular
+    data, embeddings) of that length instead of in_channels × image_size² images."""
 
     def __init__(self, num_classes: int = 10, in_channels: int = 1, image_size: int = 28,
-                 hidden: int = 1024, feature_dim: int = 128) -> None:
+                 hidden: int = 1024, feature_dim: int = 128, in_features: int | None = None
+                 ) -> None:
         super().__init__()
         self.num_classes, self.feature_dim = num_classes, feature_dim
+        width = in_channels * image_size * image_size if in_features is None else in_features
         self.body = nn.Sequential(
             nn.Flatten(),
-            nn.Linear(in_channels * image_size * image_size, hidden), nn.ReLU(),
+            nn.Linear(width, hidden), nn.ReLU(),
             nn.Linear(hidden, hidden), nn.ReLU(),
             nn.Linear(hidden, feature_dim), nn.ReLU(),
         )

@@ -54,7 +54,8 @@ def plan_models(state: RefineState, student: nn.Module | None) -> None:
     if not locals_r:
         raise InputError("no received model has role 'local'; nothing to refine")
     c = received.num_classes
-    hetero = len({_arch_id(m) for m in locals_r}) > 1
+    # an ONNX party (m.onnx) only teaches: its graph is never in a parameter average
+    hetero = len({_arch_id(m) for m in locals_r}) > 1 or any(m.onnx for m in locals_r)
     notes: list[str] = []
     for m in {_arch_id(m): m for m in received.models}.values():
         check_fits(m.build("cpu"), m.path.name, source, c, torch.device("cpu"))

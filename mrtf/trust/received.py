@@ -51,7 +51,7 @@ def assess_received(received, source, device=None, batch_size: int = 1024,
         raise InputError("the received models' outputs are not finite on the target set "
                          "(their weights or the data overflow float32)")
     same = len({(m.meta.arch, json.dumps(m.meta.arch_kwargs, sort_keys=True))
-                for m in locals_r}) == 1
+                for m in locals_r}) == 1 and not any(m.onnx for m in locals_r)
     start = newest_global(received)
     report = assess([m.name for m in locals_r], out.logits,
                     [m.state_dict for m in locals_r] if same else None,
