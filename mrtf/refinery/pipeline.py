@@ -45,6 +45,7 @@ from mrtf.refinery.teachers import (
 )
 from mrtf.refinery.trusted import adaptive_info, apply_trust, calibrated, signals_of, trust_on
 from mrtf.trust.neighbours import target_neighbours
+from mrtf.trust.selection import select
 
 __all__ = ["METHODS", "METHOD_SPECS", "VARIANTS", "RefineConfig", "RefineResult", "refine"]
 
@@ -364,7 +365,9 @@ def _live_start(plan: _Plan, before: np.ndarray, config: RefineConfig, notes: li
 def _notes(received, plan: _Plan, config: RefineConfig) -> tuple[list[str], bool]:
     """What the output should say about the inputs, and whether MrTF's CLR is skipped."""
     notes = list(plan.notes)
-    older = len(received.by_role("local")) - len(newest_locals(received))
+    chosen = select(received)  # refused claims and copies are named, not counted as older
+    notes += [f"refused: {line}" for line in chosen.suspicious]
+    older = sum(1 for f in chosen.not_used if f.role == "local" and not f.suspicious)
     if older:
         notes.append(f"{older} local models of earlier rounds are not teachers (only the "
                      "newest round's models are S_t)")

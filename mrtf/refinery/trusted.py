@@ -107,6 +107,9 @@ class Trusted:
     factors: list[float]
     report: Any
     rows: np.ndarray | None = None
+    #: whether the parties share a basin (mrtf.trust.basin.Basin) and the line said about it
+    basin: Any = None
+    basin_line: str | None = None
 
     def info(self, aggregate: str) -> dict[str, Any]:
         """What both refine paths report: per-party reliability, verdicts, the aggregate."""
@@ -114,6 +117,12 @@ class Trusted:
                "verdicts": [p.line() for p in self.report.parties], "aggregate": aggregate}
         if self.rows is not None:
             out["reliability_samples"] = len(self.rows)
+        if self.basin is not None:
+            out["basin"] = {"line": self.basin_line, "cosine": self.basin.cosine,
+                            "average_agreement": self.basin.average_agreement,
+                            "party_agreement": self.basin.party_agreement,
+                            "shared_start": self.basin.shared_start,
+                            "average_used": self.basin.average_works}
         return out
 
 
@@ -138,21 +147,79 @@ def apply_trust(plan, received, source, config: RefineConfig, dev: torch.device,
     out = teacher_logits(plan.locals_, seen, config.inference_batch, dev, None,
                          config.stack, progress=config.progress)
     check_finite(out.logits)
+    locals_r, logits = drop_behaviour_copies(plan, locals_r, out.logits)
     k = len(locals_r)
-    start = newest_global(received)
-    report = assess(plan.names[:k], out.logits,
-                    None if plan.heterogeneous else [m.state_dict for m in locals_r],
+    states = None if plan.heterogeneous else [m.state_dict for m in locals_r]
+    basin = _basin(plan, locals_r, states, logits, seen, config, dev)
+    start = newest_global(received) if basin.shared_start else None
+    report = assess(plan.names[:k], logits, states,
                     [m.meta.n_samples for m in locals_r], [m.meta.train_loss for m in locals_r],
-                    None if start is None else start.state_dict)
+                    None if start is None else start.state_dict, basin.shared_start)
     if rows is not None:
         report.notes.append(sample_note(rows, total, config.seed))
     keep = _act(plan, locals_r, report, config, dev, student_given)
+    line = _no_average(plan, basin, keep, student_given) if not basin.average_works else \
+        basin.line() if basin.cosine is not None else None
+    if line is not None:
+        plan.notes.insert(0, line)
     plan.notes.extend(f"party reliability: {n}" for n in report.notes)
     # a claim of a party not trusted is not used for u_t either (st+rd, mrtf)
     kept = [locals_r[i] for i in keep if report.parties[i].verdict == "trusted"] or \
         [locals_r[i] for i in keep]
-    return Trusted(kept, out.logits[keep] if rows is None else None,
-                   [report.parties[i].factor for i in keep], report, rows)
+    return Trusted(kept, logits[keep] if rows is None else None,
+                   [report.parties[i].factor for i in keep], report, rows, basin, line)
+
+
+def drop_behaviour_copies(plan, locals_r: list, logits: np.ndarray) -> tuple[list, np.ndarray]:
+    """Local models that act as copies of another on the target (mrtf.trust.selection's
+    behaviour rule) count once: the later ones leave ``plan`` (named in its notes)."""
+    from mrtf.trust.selection import behaviour_copies
+
+    drop: set[int] = set()
+    for g in behaviour_copies(logits):
+        names = [plan.names[i] for i in g]
+        plan.notes.append(f"{len(g)} parties act as one model on the target "
+                          f"({', '.join(names)}): counted once ({names[0]})")
+        drop.update(g[1:])
+    if not drop:
+        return locals_r, logits
+    keep = [i for i in range(len(locals_r)) if i not in drop]
+    plan.locals_ = [plan.locals_[i] for i in keep]
+    plan.names = [plan.names[i] for i in keep] + plan.names[len(locals_r):]
+    return [locals_r[i] for i in keep], logits[keep]
+
+
+def _basin(plan, locals_r: list, states, logits: np.ndarray, seen, config: RefineConfig,
+           dev: torch.device):
+    """Whether the parties share a basin (mrtf.trust.basin): their weights, and the labels of
+    their plain parameter average (claimed sample counts are not trusted yet) on the rows the
+    checks read against the ensemble's."""
+    from mrtf.trust.basin import Basin, assess_basin
+
+    if plan.agg is None or states is None or len(states) < 2:
+        return Basin(None)
+    avg, _ = average_received(locals_r, by_samples=False)
+    out = teacher_logits([avg.to(dev)], seen, config.inference_batch, dev, None, config.stack)
+    return assess_basin(states, logits, out.logits[0])
+
+
+def _no_average(plan, basin, keep: list[int], student_given: bool) -> str:
+    """No parameter average (the parties share no basin): θ_{t+1} is dropped, θ_t too when
+    they did not start from it, and the student starts from the kept party that agrees most
+    with the ensemble (or is the one the caller gave). Returns the line to say."""
+    k = len(keep)  # plan.locals_ and plan.names[:k] are the kept parties now
+    plan.agg = None
+    if not basin.shared_start:
+        plan.start = None
+    pick = max(range(k), key=lambda j: basin.agreements[keep[j]])
+    basin.best, basin.best_agreement = keep[pick], basin.agreements[keep[pick]]
+    who = plan.names[pick]
+    if not student_given:
+        plan.student = copy.deepcopy(plan.locals_[pick])
+    plan.names = plan.names[:k] + (["θ_t (the round's starting model)"]
+                                   if plan.start is not None else []) + \
+        ["the student" if student_given else f"the student (starts as party {who})"]
+    return basin.line(None if student_given else who)
 
 
 def _act(plan, locals_r: list, report, config: RefineConfig, dev: torch.device,
@@ -170,7 +237,7 @@ def _act(plan, locals_r: list, report, config: RefineConfig, dev: torch.device,
             plan.notes.append(f"party {p.line()}")
     if len(keep) < k or any(p.verdict != "trusted" for p in report.parties) or \
             config.aggregate != "mean":
-        if not plan.heterogeneous:
+        if not plan.heterogeneous and plan.agg is not None:
             w = [report.weights[i] for i in keep]
             if sum(w) <= 0:
                 w = [1.0] * len(keep)

@@ -7,8 +7,11 @@ import json
 
 import numpy as np
 
+from mrtf.averaging import average_received
 from mrtf.errors import InputError
+from mrtf.trust.basin import Basin, assess_basin
 from mrtf.trust.reliability import ReliabilityReport, assess
+from mrtf.trust.selection import select
 
 #: the reliability checks read at most this many target samples (a seeded random subset, in
 #: file order), in ``inspect --data`` and in both refine paths alike, so that they give the
@@ -52,11 +55,27 @@ def assess_received(received, source, device=None, batch_size: int = 1024,
                          "(their weights or the data overflow float32)")
     same = len({(m.meta.arch, json.dumps(m.meta.arch_kwargs, sort_keys=True))
                 for m in locals_r}) == 1
-    start = newest_global(received)
-    report = assess([m.name for m in locals_r], out.logits,
-                    [m.state_dict for m in locals_r] if same else None,
+    states = [m.state_dict for m in locals_r] if same else None
+    basin = _basin(locals_r, states, out.logits, seen, device, batch_size)
+    start = newest_global(received) if basin.shared_start else None
+    report = assess([m.name for m in locals_r], out.logits, states,
                     [m.meta.n_samples for m in locals_r], [m.meta.train_loss for m in locals_r],
-                    None if start is None else start.state_dict)
+                    None if start is None else start.state_dict, basin.shared_start)
+    if basin.cosine is not None:
+        best = locals_r[basin.best].name
+        report.notes.insert(0, basin.line(best))
+    report.notes[:0] = [f"refused: {line}" for line in select(received).suspicious]
     if rows is not None:
         report.notes.append(sample_note(rows, len(source), seed))
     return report
+
+
+def _basin(locals_r: list, states, logits: np.ndarray, seen, device, batch_size: int) -> Basin:
+    """Whether the parties share a basin (mrtf.trust.basin), as refine decides it."""
+    from mrtf.refinery.teachers import teacher_logits
+
+    if states is None or len(states) < 2:
+        return Basin(None)
+    avg, _ = average_received(locals_r, by_samples=False)  # claims not trusted here
+    return assess_basin(states, logits,
+                        teacher_logits([avg], seen, batch_size, device).logits[0])
