@@ -101,10 +101,14 @@ def flat_weights(state: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
 
 
-def copy_groups(states: Sequence[dict[str, torch.Tensor]]) -> list[list[int]]:
+def copy_groups(states: Sequence[dict[str, torch.Tensor]],
+                rounds: Sequence[int | None] | None = None) -> list[list[int]]:
     """Groups (≥ 2 indices, each in order) of state dicts that are one model: identical
     tensors, or, among ≥ 3 of one layout, within :data:`NEAR_COPY` × the 75th percentile of the
-    pairwise distances (a fraction of the distances, so a majority of copies does not hide)."""
+    pairwise distances among all of that layout (a fraction of the distances, so a majority of
+    copies does not hide). With ``rounds``, only files of one round can be copies (a party's
+    history may repeat a model), while the distance scale is taken over every round."""
+    rounds = list(rounds) if rounds is not None else [None] * len(states)
     layouts: dict[str, list[int]] = {}
     for i, s in enumerate(states):
         key = repr([(n, tuple(v.shape), str(v.dtype)) for n, v in s.items()])
@@ -121,7 +125,8 @@ def copy_groups(states: Sequence[dict[str, torch.Tensor]]) -> list[list[int]]:
         if len(idx) < 2:
             continue
         for a, b in _copy_pairs([states[i] for i in idx]):
-            parent[root(idx[b])] = root(idx[a])
+            if rounds[idx[a]] == rounds[idx[b]]:
+                parent[root(idx[b])] = root(idx[a])
     groups: dict[int, list[int]] = {}
     for i in range(len(states)):
         groups.setdefault(root(i), []).append(i)
@@ -147,11 +152,7 @@ def _drop_copies(locals_r: list, files: dict[int, FileUse], suspicious: list[str
                  ) -> tuple[list, list[list[str]]]:
     """The local models with every copy after a group's first file left out (named). Files of
     different rounds are never copies: a party's history may repeat a model."""
-    by_round: dict[int | None, list[int]] = {}
-    for i, m in enumerate(locals_r):
-        by_round.setdefault(m.meta.round, []).append(i)
-    groups = [[idx[j] for j in g] for idx in by_round.values()
-              for g in copy_groups([locals_r[i].state_dict for i in idx])]
+    groups = copy_groups([m.state_dict for m in locals_r], [m.meta.round for m in locals_r])
     copies, dropped = [], set()
     for g in groups:
         first = locals_r[g[0]]
