@@ -218,13 +218,16 @@ def report(root: Path) -> str:
     for r in rows:
         acc.setdefault((r["setting"], r["poison"], r["method"]), []).append(r["accuracy"])
     lines = []
-    for setting in SETTINGS:
+    for setting in SETTINGS:  # only the settings, kinds and methods that were run
+        methods = [m for m in METHODS if any(k[0] == setting and k[2] == m for k in acc)]
+        if not methods:
+            continue
         lines += [f"\n**{setting}** (mean over seeds; Δ in points against clean)\n",
-                  "| poison | " + " | ".join(METHODS) + " |",
-                  "|---|" + "---|" * len(METHODS)]
-        for poison in POISONS:
+                  "| poison | " + " | ".join(methods) + " |",
+                  "|---|" + "---|" * len(methods)]
+        for poison in [p for p in POISONS if any(k[:2] == (setting, p) for k in acc)]:
             cells = []
-            for m in METHODS:
+            for m in methods:
                 v = acc.get((setting, poison, m))
                 c = acc.get((setting, "clean", m))
                 if not v:
