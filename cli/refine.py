@@ -32,6 +32,7 @@ from mrtf.progress import log_lines
 from mrtf.refinery import METHODS, RefineConfig, refine
 from mrtf.refinery.neighbour_vote import NEIGHBOURS, check_neighbours
 from mrtf.refinery.streaming import memory_estimate, use_streaming
+from mrtf.trust.basin import start_line
 from mrtf.trust.selective import check_selection, select
 
 
@@ -247,6 +248,9 @@ def report_parties(rs: ReceivedSet, job: str, out: Out) -> list[dict[str, Any]]:
         out.warn(line)
     for line in duplicate_parties(rs):
         out.warn(line)
+    basin = start_line(rs) if job == "refine" and rs.models else None
+    if basin is not None:
+        out.say(basin)
     return [r.to_dict() for r in rows]
 
 

@@ -16,8 +16,8 @@ was received and the unlabeled target:
   when the parties trained far from it (30 epochs at lr 0.05 on digits: 0.12 against 0.93).
 
 The renamed-output check (class rows swapped) is applied only among parties of one start; the
-parameter average is used only when it agrees; otherwise the student starts from the party that
-agrees most with the ensemble (an unsupervised choice; no label is read).
+parameter average is used only when they share one and it agrees; otherwise the student starts
+from the party that agrees most with the ensemble (an unsupervised choice; no label is read).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from mrtf.trust.selection import flat_weights
+from mrtf.trust.selection import flat_weights, select
 from mrtf.trust.weights import same_layout
 
 #: parties share a start when the median pairwise cosine of their weights is at least this
@@ -59,9 +59,13 @@ class Basin:
 
     @property
     def average_works(self) -> bool:
+        """Both must hold: weights from one start (near-orthogonal weights average to no
+        network, even where weak parties agree with the ensemble as little as the average
+        does by chance), and an average that agrees with the ensemble."""
         if self.average_agreement is None or self.party_agreement is None:
             return self.shared_start
-        return self.average_agreement >= AVERAGE_FRACTION * self.party_agreement
+        return self.shared_start and \
+            self.average_agreement >= AVERAGE_FRACTION * self.party_agreement
 
     def line(self, best_name: str | None = None) -> str:
         """One line for the user, said before the long work (``best_name``: the party the
@@ -111,3 +115,16 @@ def assess_basin(states: Sequence[dict[str, torch.Tensor]] | None, local_logits:
         float((np.asarray(average_logits).argmax(1) == ensemble).mean())
     return Basin(None if states is None else weight_cosine(states), avg,
                  float(np.median(agree)), best, float(agree[best]), [float(a) for a in agree])
+
+
+def start_line(received) -> str | None:
+    """Before any work, from the weights alone: the line to say when the newest round's
+    parties (mrtf.trust.selection) trained from their own starts, else None (whether their
+    average agrees with the ensemble needs the target and is said by refine)."""
+    states = [m.state_dict for m in select(received).locals_]
+    cos = weight_cosine(states)
+    if cos is None or cos >= SHARED_COSINE:
+        return None
+    return (f"parties trained from their own starts (median weight cosine {cos:.2f}): their "
+            "parameter average is no model; with the trust checks on (the default) the "
+            "student starts from the party that agrees most with the ensemble")

@@ -20,7 +20,7 @@ from mrtf.io.bundles import BundleMeta, ReceivedModel, ReceivedSet
 from mrtf.io.hdf5 import ArraySource
 from mrtf.models import build_model
 from mrtf.refinery import RefineConfig, accuracy_of, refine
-from mrtf.trust.basin import SHARED_COSINE, assess_basin, weight_cosine
+from mrtf.trust.basin import SHARED_COSINE, assess_basin, start_line, weight_cosine
 from mrtf.trust.received import assess_received
 
 PARTIES = 4
@@ -73,6 +73,9 @@ def test_weights_tell_the_starts_apart(shared, independent):
     cos_shared = weight_cosine([m.state_dict for m in shared[0].by_role("local")])
     cos_indep = weight_cosine([m.state_dict for m in independent[0].by_role("local")])
     assert cos_shared >= SHARED_COSINE > cos_indep
+    # what refine says before any work (from the weights alone)
+    assert start_line(shared[0]) is None
+    assert start_line(independent[0]).startswith("parties trained from their own starts")
 
 
 def test_basin_from_behaviour():
