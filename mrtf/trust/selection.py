@@ -24,6 +24,7 @@ mrtf.trust.basin.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import weakref
 from collections.abc import Sequence
@@ -35,10 +36,13 @@ import torch
 
 from mrtf.trust.weights import output_rows, row_renaming, same_layout
 
-#: two files are copies when their weights are within NEAR_COPY × the 75th percentile of the
-#: pairwise distances among the parties of that architecture (honest parties trained on their
-#: own data are never that close; a copy with noise added small enough to keep its behaviour is)
+#: two files are copies when their weights, as unit vectors, are within NEAR_COPY × the 75th
+#: percentile of the pairwise distances among the parties of that architecture (honest parties
+#: trained on their own data are never that close; a copy with noise added small enough to keep
+#: its behaviour is), and never farther apart than NEAR_COPY_MAX (cosine ≥ 0.99875): many far
+#: outliers (random weights) must not make honest parties look close
 NEAR_COPY = 0.05
+NEAR_COPY_MAX = 0.05
 #: two models act as copies on the target when their softmax outputs differ by less than this
 #: on average (and their labels agree on every sample): mrtf.refinery.trusted applies it
 BEHAVIOUR_COPY = 2e-3
@@ -104,10 +108,11 @@ def flat_weights(state: dict[str, torch.Tensor]) -> torch.Tensor:
 def copy_groups(states: Sequence[dict[str, torch.Tensor]],
                 rounds: Sequence[int | None] | None = None) -> list[list[int]]:
     """Groups (≥ 2 indices, each in order) of state dicts that are one model: identical
-    tensors, or, among ≥ 3 of one layout, within :data:`NEAR_COPY` × the 75th percentile of the
-    pairwise distances among all of that layout (a fraction of the distances, so a majority of
-    copies does not hide). With ``rounds``, only files of one round can be copies (a party's
-    history may repeat a model), while the distance scale is taken over every round."""
+    tensors, or, among ≥ 3 of one layout, unit weight vectors within :data:`NEAR_COPY` × the
+    75th percentile of the pairwise distances among all of that layout (a fraction of the
+    distances, so a majority of copies does not hide; at most :data:`NEAR_COPY_MAX`). With
+    ``rounds``, only files of one round can be copies (a party's history may repeat a model),
+    while the distance scale is taken over every round."""
     rounds = list(rounds) if rounds is not None else [None] * len(states)
     layouts: dict[str, list[int]] = {}
     for i, s in enumerate(states):
@@ -136,16 +141,25 @@ def copy_groups(states: Sequence[dict[str, torch.Tensor]],
 def _copy_pairs(states: Sequence[dict[str, torch.Tensor]]) -> list[tuple[int, int]]:
     """Pairs (i < j) of one layout that are copies (see :func:`copy_groups`)."""
     k = len(states)
-    numel = sum(v.numel() for v in states[0].values())
-    if k * numel > MAX_COMPARE or k < 3:
-        return [(i, j) for i in range(k) for j in range(i + 1, k)
-                if all(torch.equal(states[i][n], states[j][n]) for n in states[i])]
-    flat = torch.stack([flat_weights(s).float() for s in states])
-    dist = torch.cdist(flat, flat).numpy()
+    digests = [_digest(s) for s in states]
+    exact = {(i, j) for i in range(k) for j in range(i + 1, k) if digests[i] == digests[j]}
+    if k * sum(v.numel() for v in states[0].values()) > MAX_COMPARE or k < 3:
+        return sorted(exact)
+    # unit vectors: a party sending weights × 100 must not make every honest pair look close
+    flat = torch.nn.functional.normalize(torch.stack([flat_weights(s) for s in states]), dim=1)
+    dist = torch.cdist(flat.float(), flat.float()).numpy()
     upper = dist[np.triu_indices(k, 1)]
-    scale = float(np.quantile(upper, 0.75))
-    return [(i, j) for i in range(k) for j in range(i + 1, k)
-            if dist[i, j] == 0.0 or dist[i, j] <= NEAR_COPY * scale]
+    limit = min(NEAR_COPY * float(np.quantile(upper, 0.75)), NEAR_COPY_MAX)
+    return sorted(exact | {(i, j) for i in range(k) for j in range(i + 1, k)
+                                if dist[i, j] <= limit})
+
+
+def _digest(state: dict[str, torch.Tensor]) -> bytes:
+    """A hash of every tensor's bytes, in key order: equal digests are identical weights."""
+    h = hashlib.blake2b(digest_size=20)
+    for v in state.values():
+        h.update(v.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+    return h.digest()
 
 
 def _drop_copies(locals_r: list, files: dict[int, FileUse], suspicious: list[str]
