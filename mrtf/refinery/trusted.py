@@ -15,6 +15,7 @@ from mrtf.averaging import average_received
 from mrtf.refinery.adaptive import estimated_accuracy
 from mrtf.refinery.config import RefineConfig
 from mrtf.refinery.teachers import check_finite, newest_global, newest_locals, teacher_logits
+from mrtf.trust.basin import SHARED_COSINE, assess_basin, weight_cosine
 
 
 def signals_of(local_logits: np.ndarray, before: np.ndarray, targets: np.ndarray, source,
@@ -150,16 +151,20 @@ def apply_trust(plan, received, source, config: RefineConfig, dev: torch.device,
     locals_r, logits = drop_behaviour_copies(plan, locals_r, out.logits)
     k = len(locals_r)
     states = None if plan.heterogeneous else [m.state_dict for m in locals_r]
-    basin = _basin(plan, locals_r, states, logits, seen, config, dev)
-    start = newest_global(received) if basin.shared_start else None
+    # one start or not, from the weights (a median: one odd party does not move it) ...
+    cosine = None if states is None else weight_cosine(states)
+    shared = cosine is None or cosine >= SHARED_COSINE
+    start = newest_global(received) if shared else None
     report = assess(plan.names[:k], logits, states,
                     [m.meta.n_samples for m in locals_r], [m.meta.train_loss for m in locals_r],
-                    None if start is None else start.state_dict, basin.shared_start)
+                    None if start is None else start.state_dict, shared)
     if rows is not None:
         report.notes.append(sample_note(rows, total, config.seed))
     keep = _act(plan, locals_r, report, config, dev, student_given)
-    line = _no_average(plan, basin, keep, student_given) if not basin.average_works else \
-        basin.line() if basin.cosine is not None else None
+    # ... and whether the average of the parties kept (the one refine would use) agrees
+    basin = _basin(plan, cosine, logits[keep], seen, config, dev)
+    line = None if basin is None else basin.line() if basin.average_works else \
+        _no_average(plan, basin, student_given)
     if line is not None:
         plan.notes.insert(0, line)
     plan.notes.extend(f"party reliability: {n}" for n in report.notes)
@@ -189,33 +194,29 @@ def drop_behaviour_copies(plan, locals_r: list, logits: np.ndarray) -> tuple[lis
     return [locals_r[i] for i in keep], logits[keep]
 
 
-def _basin(plan, locals_r: list, states, logits: np.ndarray, seen, config: RefineConfig,
+def _basin(plan, cosine: float | None, logits: np.ndarray, seen, config: RefineConfig,
            dev: torch.device):
-    """Whether the parties share a basin (mrtf.trust.basin): their weights, and the labels of
-    their plain parameter average (claimed sample counts are not trusted yet) on the rows the
-    checks read against the ensemble's."""
-    from mrtf.trust.basin import Basin, assess_basin
-
-    if plan.agg is None or states is None or len(states) < 2:
-        return Basin(None)
-    avg, _ = average_received(locals_r, by_samples=False)
-    out = teacher_logits([avg.to(dev)], seen, config.inference_batch, dev, None, config.stack)
-    return assess_basin(states, logits, out.logits[0])
+    """Whether the parties share a basin (mrtf.trust.basin): ``cosine`` of their weights,
+    and θ_{t+1}'s labels on the rows the checks read against the kept parties' ensemble
+    (``logits``). None when there is no average to judge (parties of different
+    architectures, or fewer than 2)."""
+    if plan.agg is None or cosine is None or len(logits) < 2:
+        return None
+    out = teacher_logits([plan.agg], seen, config.inference_batch, dev, None, config.stack)
+    return assess_basin(cosine, logits, out.logits[0])
 
 
-def _no_average(plan, basin, keep: list[int], student_given: bool) -> str:
+def _no_average(plan, basin, student_given: bool) -> str:
     """No parameter average (the parties share no basin): θ_{t+1} is dropped, θ_t too when
     they did not start from it, and the student starts from the kept party that agrees most
     with the ensemble (or is the one the caller gave). Returns the line to say."""
-    k = len(keep)  # plan.locals_ and plan.names[:k] are the kept parties now
+    k = len(plan.locals_)  # the kept parties; plan.names[:k] are theirs
     plan.agg = None
     if not basin.shared_start:
         plan.start = None
-    pick = max(range(k), key=lambda j: basin.agreements[keep[j]])
-    basin.best, basin.best_agreement = keep[pick], basin.agreements[keep[pick]]
-    who = plan.names[pick]
+    who = plan.names[basin.best]
     if not student_given:
-        plan.student = copy.deepcopy(plan.locals_[pick])
+        plan.student = copy.deepcopy(plan.locals_[basin.best])
     plan.names = plan.names[:k] + (["θ_t (the round's starting model)"]
                                    if plan.start is not None else []) + \
         ["the student" if student_given else f"the student (starts as party {who})"]

@@ -102,19 +102,19 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     return e / e.sum(-1, keepdims=True)
 
 
-def assess_basin(states: Sequence[dict[str, torch.Tensor]] | None, local_logits: np.ndarray,
+def assess_basin(cosine: float | None, local_logits: np.ndarray,
                  average_logits: np.ndarray | None) -> Basin:
-    """The :class:`Basin` of K parties from their weights (None: not comparable) and their
-    target logits (K, M, C), and the parameter average's target logits (M, C) (None: no
-    average)."""
+    """The :class:`Basin` of K parties from the cosine of their weights
+    (:func:`weight_cosine`; None: not comparable), their target logits (K, M, C), and the
+    parameter average's target logits (M, C) (None: no average)."""
     probs = _softmax(np.asarray(local_logits))
     ensemble = probs.mean(0).argmax(1)
     agree = (probs.argmax(2) == ensemble[None]).mean(1)
     best = int(np.argmax(agree))
     avg = None if average_logits is None else \
         float((np.asarray(average_logits).argmax(1) == ensemble).mean())
-    return Basin(None if states is None else weight_cosine(states), avg,
-                 float(np.median(agree)), best, float(agree[best]), [float(a) for a in agree])
+    return Basin(cosine, avg, float(np.median(agree)), best, float(agree[best]),
+                 [float(a) for a in agree])
 
 
 def start_line(received) -> str | None:

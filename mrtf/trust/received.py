@@ -9,7 +9,7 @@ import numpy as np
 
 from mrtf.averaging import average_received
 from mrtf.errors import InputError
-from mrtf.trust.basin import Basin, assess_basin
+from mrtf.trust.basin import SHARED_COSINE, Basin, assess_basin, weight_cosine
 from mrtf.trust.reliability import ReliabilityReport, assess
 from mrtf.trust.selection import select
 
@@ -56,26 +56,35 @@ def assess_received(received, source, device=None, batch_size: int = 1024,
     same = len({(m.meta.arch, json.dumps(m.meta.arch_kwargs, sort_keys=True))
                 for m in locals_r}) == 1
     states = [m.state_dict for m in locals_r] if same else None
-    basin = _basin(locals_r, states, out.logits, seen, device, batch_size)
-    start = newest_global(received) if basin.shared_start else None
+    cosine = None if states is None else weight_cosine(states)
+    shared = cosine is None or cosine >= SHARED_COSINE
+    start = newest_global(received) if shared else None
     report = assess([m.name for m in locals_r], out.logits, states,
                     [m.meta.n_samples for m in locals_r], [m.meta.train_loss for m in locals_r],
-                    None if start is None else start.state_dict, basin.shared_start)
-    if basin.cosine is not None:
-        best = locals_r[basin.best].name
-        report.notes.insert(0, basin.line(best))
+                    None if start is None else start.state_dict, shared)
+    basin = _basin(locals_r, report, cosine, out.logits, seen, device, batch_size)
+    if basin is not None:
+        report.notes.insert(0, basin.line(locals_r[basin.best].name) if not
+                            basin.average_works else basin.line())
     report.notes[:0] = [f"refused: {line}" for line in select(received).suspicious]
     if rows is not None:
         report.notes.append(sample_note(rows, len(source), seed))
     return report
 
 
-def _basin(locals_r: list, states, logits: np.ndarray, seen, device, batch_size: int) -> Basin:
-    """Whether the parties share a basin (mrtf.trust.basin), as refine decides it."""
+def _basin(locals_r: list, report: ReliabilityReport, cosine: float | None,
+           logits: np.ndarray, seen, device, batch_size: int) -> Basin | None:
+    """Whether the parties share a basin (mrtf.trust.basin), as refine decides it: the
+    average of the parties not excluded, with the report's capped weights."""
     from mrtf.refinery.teachers import teacher_logits
 
-    if states is None or len(states) < 2:
-        return Basin(None)
-    avg, _ = average_received(locals_r, by_samples=False)  # claims not trusted here
-    return assess_basin(states, logits,
-                        teacher_logits([avg], seen, batch_size, device).logits[0])
+    keep = [i for i in range(len(locals_r)) if i not in report.excluded] or \
+        list(range(len(locals_r)))
+    if cosine is None or len(keep) < 2:
+        return None
+    avg, _ = average_received([locals_r[i] for i in keep],
+                              weights=[report.weights[i] or 1.0 for i in keep])
+    out = teacher_logits([avg], seen, batch_size, device).logits[0]
+    basin = assess_basin(cosine, logits[keep], out)
+    basin.best = keep[basin.best]  # an index among all the parties, as the report's
+    return basin
