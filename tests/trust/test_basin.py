@@ -79,11 +79,14 @@ def test_weights_tell_the_starts_apart(shared, independent):
 
 
 def test_basin_from_behaviour():
-    """The average agreeing by chance with the ensemble means no basin, whatever the start."""
+    """An average agreeing with the ensemble by chance is said (weak), one that agrees is not;
+    the average is dropped only when the weights say the starts differ."""
     logits = np.random.default_rng(0).normal(size=(3, 200, 10))
     ens = logits.mean(0)
-    assert assess_basin(None, logits, ens).average_works
-    assert not assess_basin(None, logits, np.roll(ens, 1, axis=1)).average_works
+    assert not assess_basin(0.9, logits, ens).weak_average
+    weak = assess_basin(0.9, logits, np.roll(ens, 1, axis=1))
+    assert weak.weak_average and weak.average_works and "far from it" in weak.line()
+    assert not assess_basin(0.01, logits, ens).average_works
 
 
 def test_independent_parties_are_not_attackers_and_not_averaged(independent):
