@@ -346,3 +346,20 @@ def behaviour_copies(logits: np.ndarray) -> list[list[int]]:
             if len(g) > 1:
                 out.append(g)
     return sorted(out)
+
+
+@dataclass
+class _Models:
+    """A bare list of received models, as :func:`select` reads a ReceivedSet."""
+
+    models: list
+
+    @property
+    def num_classes(self) -> int:
+        return self.models[0].meta.num_classes
+
+
+def select_locals(models: Sequence) -> list:
+    """S_t among a list of local ReceivedModels, by the rule of :func:`select` (data-free
+    fusion's FedFTG teachers)."""
+    return select(_Models(list(models))).locals_ if models else []
