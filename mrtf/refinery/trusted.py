@@ -16,6 +16,7 @@ from mrtf.refinery.adaptive import estimated_accuracy
 from mrtf.refinery.config import RefineConfig
 from mrtf.refinery.teachers import check_finite, newest_global, newest_locals, teacher_logits
 from mrtf.trust.basin import SHARED_COSINE, assess_basin, weight_cosine
+from mrtf.trust.selection import behaviour_copies
 
 
 def signals_of(local_logits: np.ndarray, before: np.ndarray, targets: np.ndarray, source,
@@ -178,8 +179,6 @@ def apply_trust(plan, received, source, config: RefineConfig, dev: torch.device,
 def drop_behaviour_copies(plan, locals_r: list, logits: np.ndarray) -> tuple[list, np.ndarray]:
     """Local models that act as copies of another on the target (mrtf.trust.selection's
     behaviour rule) count once: the later ones leave ``plan`` (named in its notes)."""
-    from mrtf.trust.selection import behaviour_copies
-
     drop: set[int] = set()
     for g in behaviour_copies(logits):
         names = [plan.names[i] for i in g]

@@ -9,7 +9,7 @@ import numpy as np
 
 from mrtf.averaging import average_received
 from mrtf.errors import InputError
-from mrtf.trust.basin import SHARED_COSINE, Basin, assess_basin, weight_cosine
+from mrtf.trust.basin import SHARED_COSINE, assess_basin, weight_cosine
 from mrtf.trust.reliability import ReliabilityReport, assess
 from mrtf.trust.selection import select
 
@@ -62,7 +62,14 @@ def assess_received(received, source, device=None, batch_size: int = 1024,
     report = assess([m.name for m in locals_r], out.logits, states,
                     [m.meta.n_samples for m in locals_r], [m.meta.train_loss for m in locals_r],
                     None if start is None else start.state_dict, shared)
-    basin = _basin(locals_r, report, cosine, out.logits, seen, device, batch_size)
+    keep = [i for i in range(len(locals_r)) if i not in report.excluded] or \
+        list(range(len(locals_r)))
+    basin = None
+    if cosine is not None and len(keep) >= 2:  # as refine judges it: the kept parties' average
+        avg = kept_average(locals_r, report, keep)
+        basin = assess_basin(cosine, out.logits[keep],
+                             teacher_logits([avg], seen, batch_size, device).logits[0])
+        basin.best = keep[basin.best]  # an index among all the parties, as the report's
     if basin is not None:
         report.notes.insert(0, basin.line(locals_r[basin.best].name) if not
                             basin.average_works else basin.line())
@@ -72,19 +79,9 @@ def assess_received(received, source, device=None, batch_size: int = 1024,
     return report
 
 
-def _basin(locals_r: list, report: ReliabilityReport, cosine: float | None,
-           logits: np.ndarray, seen, device, batch_size: int) -> Basin | None:
-    """Whether the parties share a basin (mrtf.trust.basin), as refine decides it: the
-    average of the parties not excluded, with the report's capped weights."""
-    from mrtf.refinery.teachers import teacher_logits
-
-    keep = [i for i in range(len(locals_r)) if i not in report.excluded] or \
-        list(range(len(locals_r)))
-    if cosine is None or len(keep) < 2:
-        return None
+def kept_average(locals_r: list, report: ReliabilityReport, keep: list[int]):
+    """The parameter average refine would use: the parties not excluded, with the report's
+    capped, verdict-scaled weights."""
     avg, _ = average_received([locals_r[i] for i in keep],
                               weights=[report.weights[i] or 1.0 for i in keep])
-    out = teacher_logits([avg], seen, batch_size, device).logits[0]
-    basin = assess_basin(cosine, logits[keep], out)
-    basin.best = keep[basin.best]  # an index among all the parties, as the report's
-    return basin
+    return avg

@@ -174,7 +174,7 @@ def test_refine_with_a_round_claim_keeps_its_labels(clean, digits_oneshot):
     the clean set's, and the refused file is named in the notes."""
     m = locals_of(clean)[0]
     bad = ReceivedModel(m.path, replace(m.meta, round=ROUND_1E6), rolled(m.state_dict))
-    cfg = RefineConfig(seed=0, progress=False)
+    cfg = RefineConfig(seed=0, progress=False, steps=100)  # short: both sets alike
     with H5Dataset(digits_oneshot[1]) as src:
         y = src.labels()
         base = accuracy_of(refine(clean, src, cfg).probs, y)
