@@ -35,8 +35,10 @@ from mrtf.trust.weights import same_layout
 
 #: parties share a start when the median pairwise cosine of their weights is at least this
 SHARED_COSINE = 0.2
-#: the parameter average is used when its agreement with the ensemble is at least this
-#: fraction of the median party's agreement
+#: the median cosine is taken over at most this many parties (a seeded subset of more)
+COSINE_SAMPLE = 200
+#: from one start, an average that agrees with the ensemble less than this fraction × as often
+#: as the median party is said to be weak (not acted on: :attr:`Basin.weak_average`)
 AVERAGE_FRACTION = 0.5
 
 
@@ -100,6 +102,9 @@ def weight_cosine(states: Sequence[dict[str, torch.Tensor]]) -> float | None:
     than 2 or their layouts differ)."""
     if len(states) < 2 or not same_layout(states):
         return None
+    if len(states) > COSINE_SAMPLE:  # a seeded subset: the median needs no K × K matrix
+        pick = np.random.default_rng(0).choice(len(states), COSINE_SAMPLE, replace=False)
+        states = [states[i] for i in sorted(pick)]
     flat = torch.nn.functional.normalize(torch.stack([flat_weights(s) for s in states]), dim=1)
     cos = (flat @ flat.T).numpy()
     return float(np.median(cos[np.triu_indices(len(states), 1)]))

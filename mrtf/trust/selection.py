@@ -51,9 +51,10 @@ BEHAVIOUR_COPY = 2e-3
 #: thresholds of mrtf.trust.reliability, set on 54 clean received sets)
 RENAME_MOVED = 0.6
 RENAME_COST = 0.9
-#: at most this many floats are compared pairwise for near copies (K × D); above, only exact
-#: copies are found
+#: at most this many floats (K × D), and at most MAX_PAIRWISE models of one layout, are compared
+#: pairwise for near copies; above, only exact copies are found (by a hash: linear in K)
 MAX_COMPARE = 50_000_000
+MAX_PAIRWISE = 1_000
 
 
 @dataclass
@@ -141,9 +142,11 @@ def copy_groups(states: Sequence[dict[str, torch.Tensor]],
 def _copy_pairs(states: Sequence[dict[str, torch.Tensor]]) -> list[tuple[int, int]]:
     """Pairs (i < j) of one layout that are copies (see :func:`copy_groups`)."""
     k = len(states)
-    digests = [_digest(s) for s in states]
-    exact = {(i, j) for i in range(k) for j in range(i + 1, k) if digests[i] == digests[j]}
-    if k * sum(v.numel() for v in states[0].values()) > MAX_COMPARE or k < 3:
+    same: dict[bytes, list[int]] = {}
+    for i, s in enumerate(states):
+        same.setdefault(_digest(s), []).append(i)
+    exact = {(g[0], j) for g in same.values() for j in g[1:]}
+    if k * sum(v.numel() for v in states[0].values()) > MAX_COMPARE or not 3 <= k <= MAX_PAIRWISE:
         return sorted(exact)
     # unit vectors: a party sending weights × 100 must not make every honest pair look close
     flat = torch.nn.functional.normalize(torch.stack([flat_weights(s) for s in states]), dim=1)

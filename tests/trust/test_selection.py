@@ -182,3 +182,11 @@ def test_refine_with_a_round_claim_keeps_its_labels(clean, digits_oneshot):
     assert accuracy_of(res.probs, y) >= base - 0.02
     assert any(n.startswith("refused: ") and m.path.name in n for n in res.info["notes"])
     assert res.info["teachers"] == 5
+
+
+def test_many_files_are_compared_without_a_quadratic_cost():
+    """3,000 small files (too many to compare pairwise): exact copies are still found."""
+    g = torch.Generator().manual_seed(0)
+    states = [{"w": torch.randn(4, generator=g)} for _ in range(3000)]
+    states.append({"w": states[7]["w"].clone()})
+    assert copy_groups(states) == [[7, 3000]]
