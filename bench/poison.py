@@ -34,17 +34,30 @@ from mrtf.io.bundles import ReceivedModel, ReceivedSet
 from mrtf.io.hdf5 import ArraySource
 from mrtf.models import build_model
 from mrtf.refinery import RefineConfig, accuracy_of, refine
+from mrtf.trust.selection import select
 
 SETTINGS = {
     "one-shot": RunConfig(dataset="mnist5k", clients=10, split="dirichlet:0.5", ratio=1.0,
                           rounds=1, epochs=20, batch_size=32),
     "10-rounds": RunConfig(dataset="mnist5k", clients=10, split="dirichlet:0.5", ratio=1.0,
                            rounds=10, epochs=2, batch_size=32),
+    # the setting of issue 35's takeover table (10 parties, Dirichlet 0.5, 5 epochs, seed 11)
+    "one-shot-5": RunConfig(dataset="mnist5k", clients=10, split="dirichlet:0.5", ratio=1.0,
+                            rounds=1, epochs=5, batch_size=32),
     "weak": RunConfig(dataset="mnist5k", clients=10, split="dirichlet:0.5", ratio=1.0,
                       rounds=1, epochs=1, batch_size=16),
 }
 POISONS = ("clean", "random", "x100", "flipped", "rolled", "claims-1e6", "loss-0",
-           "claims-1e6+flipped", "loss-0+flipped", "3-flipped")
+           "claims-1e6+flipped", "loss-0+flipped", "3-flipped") + (
+    # takeovers (issue 35): party 0 rolled, claiming round 10^6; party 0 rolled, posing as θ_t
+    # of a later round; party 0 replaced by 5 copies of party 1 under 5 names
+    "round-claim", "pose-global", "sybil-5",
+    # and two more: θ_t's own file replaced by party 0's rolled model (same round, so no round
+    # claim gives it away); party 0 replaced by 5 near-copies (noise at 1e-3 of each tensor's
+    # std) of its rolled model under 5 names, all claiming round 10^6 (5 of 14 files: a
+    # majority of 9 only if the copies count as 5)
+    "fake-start", "sybils-round")
+TAKEOVERS = POISONS[-5:]
 #: ``fedavg:median`` / ``fedavg:trimmed:0.1``: the parameter average aggregated robustly;
 #: ``fedavg+trust``: the average without the parties mrtf.trust excludes (capped claims)
 METHODS = ("fedavg", "feddf", "mrtf", "adaptive", "fedavg:median", "fedavg+trust")
@@ -84,8 +97,53 @@ def rolled_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def _copies(m: ReceivedModel, state: dict[str, torch.Tensor], n: int, noise: float,
+            rng: torch.Generator, **meta) -> list[ReceivedModel]:
+    """``n`` files named sybil-j carrying ``state`` (plus Gaussian noise at ``noise`` × each
+    tensor's std) with ``m``'s metadata changed by ``meta``."""
+    out = []
+    for j in range(n):
+        st = {k: v + noise * v.std() * torch.randn(v.shape, generator=rng)
+              if noise and v.is_floating_point() and v.numel() > 1 else v.clone()
+              for k, v in state.items()}
+        out.append(ReceivedModel(m.path.with_name(f"sybil-{j}.safetensors"),
+                                 replace(m.meta, party=f"sybil-{j}", **meta), st))
+    return out
+
+
+def takeover(rs: ReceivedSet, poison: str, seed: int) -> tuple[ReceivedSet, set[str]]:
+    """A copy of ``rs`` with one of the takeover kinds (TAKEOVERS), and the names of the files
+    an attacker added or changed."""
+    models = list(rs.models)
+    rng = torch.Generator().manual_seed(seed)
+    m, other = models[0], models[1]
+    if poison == "round-claim":
+        models[0] = ReceivedModel(m.path, replace(m.meta, round=10**6 - 1),
+                                  rolled_state(m.state_dict))
+    elif poison == "pose-global":
+        models[0] = ReceivedModel(m.path, replace(m.meta, role="global", round=m.meta.round + 1),
+                                  rolled_state(m.state_dict))
+    elif poison == "fake-start":
+        g = next(i for i, x in enumerate(models) if x.meta.role == "global")
+        models[g] = ReceivedModel(models[g].path, models[g].meta, rolled_state(m.state_dict))
+        return ReceivedSet(models, []), {models[g].meta.party}
+    elif poison == "sybil-5":
+        models[0:1] = _copies(other, other.state_dict, 5, 0.0, rng)
+    elif poison == "sybils-round":
+        models[0:1] = _copies(m, rolled_state(m.state_dict), 5, 1e-3, rng, round=10**6 - 1)
+    # sybil-5: the copied party's own file is one of the 6 files of one model (which is the
+    # original cannot be told): the group is the attack, all but one file should be named
+    bad = {x.meta.party for x in models if x.meta.party.startswith("sybil-")} or \
+        {m.meta.party}
+    if poison == "sybil-5":
+        bad.add(other.meta.party)
+    return ReceivedSet(models, []), bad
+
+
 def poisoned(rs: ReceivedSet, sim, cfg: RunConfig, poison: str, seed: int) -> ReceivedSet:
     """A copy of ``rs`` with party 0 (parties 0-2 for 3-flipped) replaced by ``poison``."""
+    if poison in TAKEOVERS:
+        return takeover(rs, poison, seed)[0]
     models = [copy.copy(m) for m in rs.models]
     rng = torch.Generator().manual_seed(seed)
     victims = [0, 1, 2] if poison == "3-flipped" else [0]
@@ -113,7 +171,8 @@ def poisoned(rs: ReceivedSet, sim, cfg: RunConfig, poison: str, seed: int) -> Re
     return ReceivedSet(models, [])
 
 
-def run_cell(setting: str, seed: int, root: Path, methods=METHODS) -> list[dict]:
+def run_cell(setting: str, seed: int, root: Path, methods=METHODS, poisons=POISONS
+             ) -> list[dict]:
     """Every (poison, method) of one (setting, seed), cached per row."""
     cfg = SETTINGS[setting]
     fed = prepare_run(cfg, seed)
@@ -122,7 +181,7 @@ def run_cell(setting: str, seed: int, root: Path, methods=METHODS) -> list[dict]
     target = ArraySource(fed.target_x.numpy())
     y = fed.target_y.numpy()
     rows = []
-    for poison in POISONS:
+    for poison in poisons:
         prs = None
         for method in methods:
             path = root / f"{setting}-s{seed}-{poison}-{method}.json"
@@ -132,9 +191,12 @@ def run_cell(setting: str, seed: int, root: Path, methods=METHODS) -> list[dict]
             prs = prs or poisoned(rs, sim, cfg, poison, seed)
             t0 = time.perf_counter()
             res = refine(prs, target, _config(method, seed))
-            victims = {m.meta.party for m in prs.models[:3 if poison == "3-flipped" else 1]}
+            victims = takeover(rs, poison, seed)[1] if poison in TAKEOVERS else \
+                {m.meta.party for m in prs.models[:3 if poison == "3-flipped" else 1]}
             flagged = {p["name"] for p in res.info.get("reliability", [])
                        if p["verdict"] != "trusted"}
+            # a refused claim or a copy is named before the checks on the target (selection)
+            flagged |= {f.party for f in select(prs).files if f.suspicious}
             row = {"setting": setting, "seed": seed, "poison": poison, "method": method,
                    "accuracy": accuracy_of(res.probs, y),
                    "seconds": time.perf_counter() - t0,
@@ -156,13 +218,16 @@ def report(root: Path) -> str:
     for r in rows:
         acc.setdefault((r["setting"], r["poison"], r["method"]), []).append(r["accuracy"])
     lines = []
-    for setting in SETTINGS:
+    for setting in SETTINGS:  # only the settings, kinds and methods that were run
+        methods = [m for m in METHODS if any(k[0] == setting and k[2] == m for k in acc)]
+        if not methods:
+            continue
         lines += [f"\n**{setting}** (mean over seeds; Δ in points against clean)\n",
-                  "| poison | " + " | ".join(METHODS) + " |",
-                  "|---|" + "---|" * len(METHODS)]
-        for poison in POISONS:
+                  "| poison | " + " | ".join(methods) + " |",
+                  "|---|" + "---|" * len(methods)]
+        for poison in [p for p in POISONS if any(k[:2] == (setting, p) for k in acc)]:
             cells = []
-            for m in METHODS:
+            for m in methods:
                 v = acc.get((setting, poison, m))
                 c = acc.get((setting, "clean", m))
                 if not v:
@@ -186,7 +251,9 @@ def named_report(root: Path) -> str:
                   and "named" in r]
             if not rr:
                 continue
-            want = 0 if poison == "clean" else 3 if poison == "3-flipped" else 1
+            # sybil-5: 6 files of one model, 5 beyond the first; sybils-round: all 5 refused
+            want = 0 if poison == "clean" else 3 if poison == "3-flipped" else \
+                5 if poison in ("sybil-5", "sybils-round") else 1
             named = sum(len(r["named"]) == want for r in rr)
             false = sum(len(r["false_flags"]) for r in rr)
             out.append(f"| {setting} | {poison} | {named}/{len(rr)} | {false} |")
@@ -200,6 +267,8 @@ def main() -> None:
     ap.add_argument("--shard", default="0/1")
     ap.add_argument("--settings", default=",".join(SETTINGS))
     ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--poisons", default=",".join(POISONS),
+                    help="the kinds to run (e.g. clean,round-claim,pose-global)")
     ap.add_argument("--named", action="store_true",
                     help="with --report: which poisoned parties the default named, per cell")
     ap.add_argument("--report", action="store_true")
@@ -215,7 +284,7 @@ def main() -> None:
     jobs = [(s, int(seed)) for s in args.settings.split(",") for seed in args.seeds.split(",")]
     for j, (setting, seed) in enumerate(jobs):
         if j % n == i:
-            run_cell(setting, seed, root, args.methods.split(","))
+            run_cell(setting, seed, root, args.methods.split(","), args.poisons.split(","))
 
 
 if __name__ == "__main__":

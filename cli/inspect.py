@@ -11,6 +11,7 @@ from mrtf.errors import InputError
 from mrtf.io.bundles import MODEL_SUFFIXES, load_bundle, load_received
 from mrtf.io.hdf5 import describe_h5
 from mrtf.io.limits import check_memory, labeling_bytes
+from mrtf.io.parties import plan_parties
 
 
 @click.command()
@@ -85,6 +86,10 @@ def _inspect_dir(path: Path, trust: tuple[str, ...], out: Out, data: Path | None
                   ["file", "party", "role", "arch", "classes", "samples", "loss", "round",
                    "label counts", "status"]))
     out.say(f"{len(received.models)} valid, {len(received.refused)} refused")
+    # claims refine would refuse (a lone newer round, a false θ_t) and copies under other names
+    for r in plan_parties(received, "refine") if received.models else []:
+        if r.suspicious:
+            out.warn(f"not used: {r.file} ({r.party}): {r.why}")
     reliability = None
     if data is not None:
         reliability = _reliability(received, data, device, out)

@@ -34,6 +34,7 @@ from mrtf.refinery.augment import applies
 from mrtf.refinery.neighbour_vote import NEIGHBOURS, check_neighbours
 from mrtf.refinery.registry import method_help
 from mrtf.refinery.storage import memory_estimate, use_streaming
+from mrtf.trust.basin import start_line
 from mrtf.trust.selective import check_selection, select
 
 
@@ -259,6 +260,9 @@ def report_parties(rs: ReceivedSet, job: str, out: Out) -> list[dict[str, Any]]:
         out.warn(line)
     for line in duplicate_parties(rs):
         out.warn(line)
+    basin = start_line(rs) if job == "refine" and rs.models else None
+    if basin is not None:
+        out.say(basin)
     return [r.to_dict() for r in rows]
 
 

@@ -21,6 +21,7 @@ from mrtf.datafree.fedkf import aca_average, latest_per_party, oca_average, run_
 from mrtf.device import pick_device
 from mrtf.errors import InputError
 from mrtf.progress import bar as progress_bar
+from mrtf.trust.selection import select_locals
 
 
 @dataclass
@@ -72,10 +73,9 @@ def _bar(cfg: FusionConfig, total: int, desc: str, unit: str):
 
 def _fuse_fedftg(models: Sequence, cfg: FusionConfig, student: nn.Module | None, dev
                  ) -> tuple[nn.Module, list[dict[str, float]], nn.Module, object, list[str]]:
-    # FedFTG's teachers are this round's local models S_t; older rounds' files only feed
-    # FedKF's OCA teacher.
-    rounds = [m.meta.round for m in models if m.meta.round is not None]
-    models = [m for m in models if not rounds or m.meta.round in (None, max(rounds))]
+    # FedFTG's teachers are this round's local models S_t (round claims checked, copies once:
+    # mrtf.trust.selection); older rounds' files only feed FedKF's OCA teacher.
+    models = select_locals(models)
     start = copy.deepcopy(student) if student is not None else average_received(models)[0]
     counts = [m.meta.label_counts for m in models]
     shape = image_shape_of(models[0].meta)

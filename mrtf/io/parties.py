@@ -13,6 +13,8 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from mrtf.trust.selection import select
+
 
 @dataclass
 class PartyUse:
@@ -25,6 +27,7 @@ class PartyUse:
     arch: str
     used: bool
     why: str
+    suspicious: bool = False  # a refused claim or a copy of another file
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -39,11 +42,6 @@ def _round(r: int | None) -> str:
     return "no round" if r is None else f"round {r + 1}"
 
 
-def _newest(models: list) -> int | None:
-    rounds = [m.meta.round for m in models if m.meta.round is not None]
-    return max(rounds) if rounds else None
-
-
 def _arch(m: Any) -> str:
     kw = m.meta.arch_kwargs
     shape = f" {kw['in_channels']}×{kw['image_size']}" if {"in_channels", "image_size"} <= set(
@@ -53,52 +51,41 @@ def _arch(m: Any) -> str:
 
 def plan_parties(received: Any, job: str) -> list[PartyUse]:
     """Every model of ``received`` with used / not used and why, for ``job`` = ``refine``
-    (MrTF and its variants, adaptive), ``fedftg`` or ``fedkf``. Mirrors the selection of
-    ``mrtf.refinery.pipeline.newest_locals`` and ``mrtf.datafree.fedkf.latest_per_party``."""
-    locals_ = [m for m in received.models if m.meta.role == "local"]
-    newest = _newest(locals_)
+    (MrTF and its variants, adaptive), ``fedftg`` or ``fedkf``. The rule is
+    :func:`mrtf.trust.selection.select` (round and θ_t claims checked, copies counted once);
+    FedKF's OCA teacher takes ``mrtf.datafree.fedkf.latest_per_party`` of the local models."""
+    sel = select(received)
     chosen: set[int] = set()
     if job == "fedkf":
         from mrtf.datafree.fedkf import latest_per_party
 
-        chosen = {id(m) for m in latest_per_party(locals_)}
-    glob = [m for m in received.models if m.meta.role == "global"]
+        chosen = {id(m) for m in latest_per_party(received.by_role("local"))}
     hetero = len({(m.meta.arch, str(sorted(m.meta.arch_kwargs.items())))
-                  for m in locals_ if newest is None or m.meta.round in (None, newest)}) > 1 \
-        or any(m.onnx for m in locals_)
-    newest_glob = max(glob, key=lambda m: -1 if m.meta.round is None else m.meta.round,
-                      default=None)
+                  for m in sel.locals_}) > 1 or any(m.onnx for m in sel.locals_)
     rows = []
-    for m in received.models:
-        used, why = _verdict(m, job, newest, chosen, hetero, newest_glob)
+    for m, use in zip(received.models, sel.files):
+        used, why = _verdict(m, use, job, chosen, hetero)
         rows.append(PartyUse(m.path.name, _party(m), m.meta.role, m.meta.round_number,
-                             _arch(m), used, why))
+                             _arch(m), used, why, use.suspicious))
     return rows
 
 
-def _verdict(m: Any, job: str, newest: int | None, chosen: set[int], hetero: bool,
-             newest_glob: Any) -> tuple[bool, str]:
-    r = m.meta.round
-    if m.meta.role == "refined":
-        return False, "an earlier refined output (role 'refined'), not a party's model"
+def _verdict(m: Any, use: Any, job: str, chosen: set[int], hetero: bool) -> tuple[bool, str]:
+    if use.suspicious or m.meta.role == "refined":
+        return use.used, use.why
     if m.meta.role == "global":
         if job != "refine":
             return False, "θ_t (role 'global'): data-free fusion teaches with local models only"
-        if hetero:
+        if hetero and use.used:
             return False, "θ_t: the newest round's parties differ in architecture, so there " \
                           "is no parameter average and no θ_t"
-        if m is not newest_glob:
-            return False, f"an older θ_t ({_round(r)}); the newest θ_t is used"
-        return True, "θ_t, the round's starting model (self-teaching, Eq. 10)"
+        return use.used, use.why
     if job == "fedkf":
         if id(m) in chosen:
-            return True, f"this party's latest model ({_round(r)}): OCA teacher"
-        return False, f"an older or repeated file of party {_party(m)} ({_round(r)}); OCA " \
-                      "averages each party's latest model once"
-    if r is None or newest is None or r == newest:
-        return True, f"local model of the newest round ({_round(r)}): a teacher (S_t)"
-    return False, f"{_round(r)} is older than the newest {_round(newest)}: only the newest " \
-                  "round's models teach (S_t); FedKF's OCA would use it"
+            return True, f"this party's latest model ({_round(m.meta.round)}): OCA teacher"
+        return False, f"an older or repeated file of party {_party(m)} " \
+                      f"({_round(m.meta.round)}); OCA averages each party's latest model once"
+    return use.used, use.why
 
 
 def duplicate_parties(received: Any) -> list[str]:
@@ -120,8 +107,10 @@ def describe(rows: list[PartyUse], shown: int = 8) -> tuple[list[str], list[str]
     used = [r for r in rows if r.used]
     names = ", ".join(sorted({r.party for r in used}))
     say = [f"parties used: {len(used)} of {len(rows)} received files ({names})"]
-    say += [f"not used: {r.file}: {r.why}" for r in rows if not r.used and r.role != "local"]
-    left = [r for r in rows if not r.used and r.role == "local"]
+    say += [f"not used: {r.file}: {r.why}" for r in rows
+            if not r.used and r.role != "local" and not r.suspicious]
+    left = [r for r in rows if not r.used and (r.role == "local" or r.suspicious)]
+    left.sort(key=lambda r: not r.suspicious)  # refused claims and copies first
     warn = [f"not used: {r.file} ({r.party}, {r.arch}): {r.why}" for r in left[:shown]]
     if len(left) > shown:
         warn.append(f"not used: {len(left) - shown} more party files (`mrtf inspect` lists "

@@ -17,6 +17,7 @@ from mrtf.refinery.rectify import U_FALLBACK, u_t
 from mrtf.refinery.state import Plan, RefineState
 from mrtf.refinery.teachers import newest_global, newest_locals
 from mrtf.refinery.trusted import apply_trust
+from mrtf.trust.selection import select
 
 
 def check_fits(model: nn.Module, name: str, source, num_classes: int,
@@ -114,7 +115,9 @@ def notes_on_inputs(state: RefineState) -> list[str]:
     plan = state.plan
     assert plan is not None
     notes = list(plan.notes)
-    older = len(state.received.by_role("local")) - len(plan.locals_received)
+    chosen = select(state.received)  # refused claims and copies are named, not counted older
+    notes += [f"refused: {line}" for line in chosen.suspicious]
+    older = sum(1 for f in chosen.not_used if f.role == "local" and not f.suspicious)
     if older:
         notes.append(f"{older} local models of earlier rounds are not teachers (only the "
                      "newest round's models are S_t)")

@@ -37,6 +37,7 @@ from mrtf.refinery.fastpath import PRECISIONS, fast_features, fast_forward
 from mrtf.refinery.placement import lent
 from mrtf.refinery.prefetch import host_chunks, prefetched
 from mrtf.refinery.stacked import stacked_forward
+from mrtf.trust.selection import select
 
 STD_MODES = ("global", "batch")
 STACK_MODES = ("auto", "fast", "vmap", "nhwc", "loop")
@@ -358,21 +359,16 @@ def avg_logit(logits: np.ndarray, weights: Sequence[float] | np.ndarray | None =
 
 
 def newest_locals(received) -> list:
-    """S_t: the local models of the newest round. Older rounds' files (kept for FedKF's OCA
-    teacher) are not this round's teachers; without ``mrtf.round`` every local model counts."""
-    locals_r = received.by_role("local")
-    rounds = [m.meta.round for m in locals_r if m.meta.round is not None]
-    if not rounds:
-        return locals_r
-    return [m for m in locals_r if m.meta.round is None or m.meta.round == max(rounds)]
+    """S_t: the local models of the newest round, as mrtf.trust.selection decides it (round
+    claims checked against the other files, copies counted once); without ``mrtf.round``
+    every distinct local model counts."""
+    return select(received).locals_
 
 
 def newest_global(received):
-    """θ_t: the newest round's role-'global' model (the round's starting model), or None."""
-    glob = received.by_role("global")
-    if not glob:
-        return None
-    return max(glob, key=lambda m: -1 if m.meta.round is None else m.meta.round)
+    """θ_t: the chosen round's role-'global' model (the round's starting model) when its claim
+    holds (mrtf.trust.selection), or None."""
+    return select(received).start
 
 
 def check_finite(logits: np.ndarray) -> None:

@@ -20,6 +20,8 @@ from mrtf.trust.calibration import Signals, calibrate, uncalibrated
 from mrtf.trust.neighbours import target_neighbours
 from mrtf.trust.received import sample_note, sample_rows
 from mrtf.trust.reliability import assess
+from mrtf.trust.basin import SHARED_COSINE, assess_basin, weight_cosine
+from mrtf.trust.selection import behaviour_copies
 
 
 def local_signals(state) -> Signals | None:
@@ -104,6 +106,9 @@ class Trusted:
     factors: list[float]
     report: Any
     rows: np.ndarray | None = None
+    #: whether the parties share a basin (mrtf.trust.basin.Basin) and the line said about it
+    basin: Any = None
+    basin_line: str | None = None
 
     def info(self, aggregate: str) -> dict[str, Any]:
         """What both refine paths report: per-party reliability, verdicts, the aggregate."""
@@ -111,6 +116,12 @@ class Trusted:
                "verdicts": [p.line() for p in self.report.parties], "aggregate": aggregate}
         if self.rows is not None:
             out["reliability_samples"] = len(self.rows)
+        if self.basin is not None:
+            out["basin"] = {"line": self.basin_line, "cosine": self.basin.cosine,
+                            "average_agreement": self.basin.average_agreement,
+                            "party_agreement": self.basin.party_agreement,
+                            "shared_start": self.basin.shared_start,
+                            "average_used": self.basin.average_works}
         return out
 
 
@@ -131,21 +142,77 @@ def apply_trust(plan, source, config: RefineConfig, dev: torch.device,
     out = teacher_logits(plan.locals_, seen, config.inference_batch, dev, None,
                          config.stack, progress=config.progress)
     check_finite(out.logits)
+    locals_r, logits = drop_behaviour_copies(plan, locals_r, out.logits)
     k = len(locals_r)
-    start = plan.start_received
-    report = assess(plan.names[:k], out.logits,
-                    None if plan.heterogeneous else [m.state_dict for m in locals_r],
+    states = None if plan.heterogeneous else [m.state_dict for m in locals_r]
+    # one start or not, from the weights (a median: one odd party does not move it) ...
+    cosine = None if states is None else weight_cosine(states)
+    shared = cosine is None or cosine >= SHARED_COSINE
+    start = plan.start_received if shared else None
+    report = assess(plan.names[:k], logits, states,
                     [m.meta.n_samples for m in locals_r], [m.meta.train_loss for m in locals_r],
-                    None if start is None else start.state_dict)
+                    None if start is None else start.state_dict, shared)
     if rows is not None:
         report.notes.append(sample_note(rows, total, config.seed))
     keep = _act(plan, locals_r, report, config, dev, student_given)
+    # ... and whether the average of the parties kept (the one refine would use) agrees
+    basin = _basin(plan, cosine, logits[keep], seen, config, dev)
+    line = None if basin is None else basin.line() if basin.average_works else \
+        _no_average(plan, basin, student_given)
+    if line is not None:
+        plan.notes.insert(0, line)
     plan.notes.extend(f"party reliability: {n}" for n in report.notes)
     # a claim of a party not trusted is not used for u_t either (st+rd, mrtf)
     kept = [locals_r[i] for i in keep if report.parties[i].verdict == "trusted"] or \
         [locals_r[i] for i in keep]
-    return Trusted(kept, out.logits[keep] if rows is None else None,
-                   [report.parties[i].factor for i in keep], report, rows)
+    return Trusted(kept, logits[keep] if rows is None else None,
+                   [report.parties[i].factor for i in keep], report, rows, basin, line)
+
+
+def drop_behaviour_copies(plan, locals_r: list, logits: np.ndarray) -> tuple[list, np.ndarray]:
+    """Local models that act as copies of another on the target (mrtf.trust.selection's
+    behaviour rule) count once: the later ones leave ``plan`` (named in its notes)."""
+    drop: set[int] = set()
+    for g in behaviour_copies(logits):
+        names = [plan.names[i] for i in g]
+        plan.notes.append(f"{len(g)} parties act as one model on the target "
+                          f"({', '.join(names)}): counted once ({names[0]})")
+        drop.update(g[1:])
+    if not drop:
+        return locals_r, logits
+    keep = [i for i in range(len(locals_r)) if i not in drop]
+    plan.locals_ = [plan.locals_[i] for i in keep]
+    plan.names = [plan.names[i] for i in keep] + plan.names[len(locals_r):]
+    return [locals_r[i] for i in keep], logits[keep]
+
+
+def _basin(plan, cosine: float | None, logits: np.ndarray, seen, config: RefineConfig,
+           dev: torch.device):
+    """Whether the parties share a basin (mrtf.trust.basin): ``cosine`` of their weights,
+    and θ_{t+1}'s labels on the rows the checks read against the kept parties' ensemble
+    (``logits``). None when there is no average to judge (parties of different
+    architectures, or fewer than 2)."""
+    if plan.agg is None or cosine is None or len(logits) < 2:
+        return None
+    out = teacher_logits([plan.agg], seen, config.inference_batch, dev, None, config.stack)
+    return assess_basin(cosine, logits, out.logits[0])
+
+
+def _no_average(plan, basin, student_given: bool) -> str:
+    """No parameter average (the parties share no basin): θ_{t+1} is dropped, θ_t too when
+    they did not start from it, and the student starts from the kept party that agrees most
+    with the ensemble (or is the one the caller gave). Returns the line to say."""
+    k = len(plan.locals_)  # the kept parties; plan.names[:k] are theirs
+    plan.agg = None
+    if not basin.shared_start:
+        plan.start = None
+    who = plan.names[basin.best]
+    if not student_given:
+        plan.student = copy.deepcopy(plan.locals_[basin.best])
+    plan.names = plan.names[:k] + (["θ_t (the round's starting model)"]
+                                   if plan.start is not None else []) + \
+        ["the student" if student_given else f"the student (starts as party {who})"]
+    return basin.line(None if student_given else who)
 
 
 def _act(plan, locals_r: list, report, config: RefineConfig, dev: torch.device,
@@ -163,7 +230,7 @@ def _act(plan, locals_r: list, report, config: RefineConfig, dev: torch.device,
             plan.notes.append(f"party {p.line()}")
     if len(keep) < k or any(p.verdict != "trusted" for p in report.parties) or \
             config.aggregate != "mean":
-        if not plan.heterogeneous:
+        if not plan.heterogeneous and plan.agg is not None:
             w = [report.weights[i] for i in keep]
             if sum(w) <= 0:
                 w = [1.0] * len(keep)

@@ -1,5 +1,9 @@
 """Trust: whom the pilot party learns from and how sure its labels are (issue 13).
 
+- :mod:`mrtf.trust.selection`: which received models count at all (round and θ_t claims
+  checked against the other files, copies under several names counted once), before any data.
+- :mod:`mrtf.trust.basin`: whether the parties share a basin (one start), so that their
+  parameter average means something.
 - :mod:`mrtf.trust.reliability`: per-party reliability measured on the unlabeled target set
   (agreement with the leave-one-out consensus, prediction histogram, confidence, weight-space
   distance, claims checked against behaviour) and a verdict per party.

@@ -7,8 +7,11 @@ import json
 
 import numpy as np
 
+from mrtf.averaging import average_received
 from mrtf.errors import InputError
+from mrtf.trust.basin import SHARED_COSINE, assess_basin, weight_cosine
 from mrtf.trust.reliability import ReliabilityReport, assess
+from mrtf.trust.selection import select
 
 #: the reliability checks read at most this many target samples (a seeded random subset, in
 #: file order), in ``inspect --data`` and in both refine paths alike, so that they give the
@@ -52,11 +55,33 @@ def assess_received(received, source, device=None, batch_size: int = 1024,
                          "(their weights or the data overflow float32)")
     same = len({(m.meta.arch, json.dumps(m.meta.arch_kwargs, sort_keys=True))
                 for m in locals_r}) == 1 and not any(m.onnx for m in locals_r)
-    start = newest_global(received)
-    report = assess([m.name for m in locals_r], out.logits,
-                    [m.state_dict for m in locals_r] if same else None,
+    states = [m.state_dict for m in locals_r] if same else None
+    cosine = None if states is None else weight_cosine(states)
+    shared = cosine is None or cosine >= SHARED_COSINE
+    start = newest_global(received) if shared else None
+    report = assess([m.name for m in locals_r], out.logits, states,
                     [m.meta.n_samples for m in locals_r], [m.meta.train_loss for m in locals_r],
-                    None if start is None else start.state_dict)
+                    None if start is None else start.state_dict, shared)
+    keep = [i for i in range(len(locals_r)) if i not in report.excluded] or \
+        list(range(len(locals_r)))
+    basin = None
+    if cosine is not None and len(keep) >= 2:  # as refine judges it: the kept parties' average
+        avg = kept_average(locals_r, report, keep)
+        basin = assess_basin(cosine, out.logits[keep],
+                             teacher_logits([avg], seen, batch_size, device).logits[0])
+        basin.best = keep[basin.best]  # an index among all the parties, as the report's
+    if basin is not None:
+        report.notes.insert(0, basin.line(locals_r[basin.best].name) if not
+                            basin.average_works else basin.line())
+    report.notes[:0] = [f"refused: {line}" for line in select(received).suspicious]
     if rows is not None:
         report.notes.append(sample_note(rows, len(source), seed))
     return report
+
+
+def kept_average(locals_r: list, report: ReliabilityReport, keep: list[int]):
+    """The parameter average refine would use: the parties not excluded, with the report's
+    capped, verdict-scaled weights."""
+    avg, _ = average_received([locals_r[i] for i in keep],
+                              weights=[report.weights[i] or 1.0 for i in keep])
+    return avg

@@ -210,14 +210,19 @@ def assess(names: Sequence[str], logits: np.ndarray,
            states: Sequence[dict[str, torch.Tensor]] | None = None,
            n_samples: Sequence[int | None] | None = None,
            train_losses: Sequence[float | None] | None = None,
-           reference: dict[str, torch.Tensor] | None = None) -> ReliabilityReport:
+           reference: dict[str, torch.Tensor] | None = None,
+           shared_start: bool = True) -> ReliabilityReport:
     """Reliability of K local models from their target logits (K, M, C) (and, optionally,
     their weights and claims). Never reads labels.
 
     names: the parties. states: their state dicts (weight-space checks when ≥ 3 share one
     architecture). n_samples, train_losses: what they claim (None where not claimed).
     reference: θ_t's state dict, the round's starting model (the renamed-output check
-    compares with its output rows; without it, with the other parties' median).
+    compares with its output rows; without it, with the other parties' median). A reference
+    against which most parties' rows look renamed is the odd one out: refused, with a note.
+    shared_start: whether the parties trained from one start (mrtf.trust.basin); the
+    renamed-output check means nothing between independently started networks, so it is
+    skipped when False.
     """
     k = len(names)
     logits = np.asarray(logits)
@@ -228,8 +233,8 @@ def assess(names: Sequence[str], logits: np.ndarray,
     train_losses = list(train_losses) if train_losses is not None else [None] * k
     beh = behaviour(_softmax(logits))
     geo = weight_geometry(states) if states is not None else None
-    ren = renamed_outputs(states, c, reference) if states is not None else None
     notes = []
+    ren = _renamed(states, c, reference, shared_start, notes)
     if geo is None:
         notes.append("weight-space checks skipped (fewer than 3 parties of one architecture)")
     parties = [PartyReliability(names[i], **beh[i],
@@ -256,6 +261,27 @@ def assess(names: Sequence[str], logits: np.ndarray,
         p.verdict = "excluded" if excl else "down-weighted" if down else "trusted"
     _cap_claims(parties)
     return ReliabilityReport(parties, _avg_weights(parties), notes)
+
+
+def _renamed(states, c: int, reference, shared_start: bool, notes: list[str]):
+    """:func:`renamed_outputs` where it means something: among parties of one start, against
+    θ_t unless θ_t would make most parties look renamed (then against their median)."""
+    if states is None:
+        return None
+    if not shared_start:
+        notes.append("renamed-output check skipped: the parties did not train from one start, "
+                     "so their class rows need not line up")
+        return None
+    ren = renamed_outputs(states, c, reference)
+    if ren is None or reference is None or ren[1] != "the starting model's":
+        return ren
+    moved = [m >= max(3, math.ceil(RENAME_MOVED * c)) and cost <= RENAME_COST
+             for m, cost in ren[0]]
+    if 2 * sum(moved) > len(moved):
+        notes.append(f"θ_t refused as the reference: against it {sum(moved)} of {len(moved)} "
+                     "parties' output layers look renamed, so θ_t is the odd one out")
+        return renamed_outputs(states, c, None)
+    return ren
 
 
 def _weight_reasons(p: PartyReliability, c: int, against: str) -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -20,6 +20,7 @@ import torch
 from mrtf.errors import InputError
 from mrtf.federated.methods import ClientUpdate
 from mrtf.io.limits import MAX_ABS_WEIGHT, MAX_COUNT, MAX_LOSS
+from mrtf.trust.reliability import CLAIM_CAP
 
 #: slack for the .npy header around a tensor's raw bytes (Flower's Array holds np.save output)
 NPY_HEADER_SLACK = 4096
@@ -122,6 +123,45 @@ def client_update(who: str, party: int, arrays: Mapping[str, np.ndarray],
     n, counts, loss = check_metrics(who, metrics, expected.num_classes, expected.round)
     state = check_state(who, arrays, expected.state)
     return ClientUpdate(party, state, n, counts, loss)
+
+
+def claim_cap(claims: Sequence[int]) -> float:
+    """The most samples one party's claim may count for: CLAIM_CAP × the median claim (as
+    refine caps received files' ``mrtf.n_samples``, mrtf.trust.reliability)."""
+    return CLAIM_CAP * float(np.median(claims)) if claims else math.inf
+
+
+def scaled_counts(counts: Sequence[int], n: int) -> list[int]:
+    """Label counts scaled to add up to ``n`` (largest remainders), the class shares kept."""
+    total = sum(counts)
+    if total <= 0:
+        return list(counts)
+    exact = [c * n / total for c in counts]
+    out = [int(e) for e in exact]
+    for i in sorted(range(len(out)), key=lambda i: out[i] - exact[i])[:n - sum(out)]:
+        out[i] += 1
+    return out
+
+
+def cap_claims(updates: Sequence[ClientUpdate], declared: Mapping[int, int]
+               ) -> tuple[list[ClientUpdate], list[str]]:
+    """n_samples is a party's claim and weights its model in the average: each is capped at
+    what the party declared when it joined (``declared``, the roster) and at
+    :func:`claim_cap` of this round's claims; its label counts are scaled with it. Returns the
+    updates and one line per capped party."""
+    cap = claim_cap([u.n_samples for u in updates])
+    out, lines = [], []
+    for u in updates:
+        limit = min(cap, declared.get(u.client, math.inf))
+        if u.n_samples <= limit:
+            out.append(u)
+            continue
+        n = max(1, int(limit))
+        lines.append(f"party {u.client} claims {u.n_samples:,} samples; counted as {n:,} "
+                     f"(at most {CLAIM_CAP:g}× the round's median claim and what it declared "
+                     "when it joined)")
+        out.append(replace(u, n_samples=n, label_counts=scaled_counts(u.label_counts, n)))
+    return out, lines
 
 
 def enough_parties(have: int, minimum: int, what: str) -> None:

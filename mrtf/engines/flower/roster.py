@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from mrtf.trust.reliability import CLAIM_CAP
+
 
 @dataclass
 class Roster:
@@ -21,8 +23,11 @@ class Roster:
 
     def client_sizes(self, clients: int) -> list[int]:
         """Every party's sample count (0 for a party that is not here), as the strategies
-        (FedKF's OCA weights) expect them."""
-        return [self.sizes.get(k, 0) for k in range(clients)]
+        (FedKF's OCA weights) expect them; a count is a claim, capped at CLAIM_CAP × the
+        median count (mrtf.trust.reliability)."""
+        claims = sorted(self.sizes.values())
+        cap = CLAIM_CAP * claims[len(claims) // 2] if claims else 0
+        return [int(min(self.sizes.get(k, 0), cap)) for k in range(clients)]
 
 
 def build_roster(answers: Iterable[tuple[int, Any]], clients: int,

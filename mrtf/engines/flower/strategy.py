@@ -17,7 +17,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy as FlowerStrategy
 
-from mrtf.engines.flower.checks import Expected, PartyRejected, enough_parties
+from mrtf.engines.flower.checks import Expected, PartyRejected, cap_claims, enough_parties
 from mrtf.engines.flower.config import FlowerConfig
 from mrtf.engines.flower.records import reply_update, to_record
 from mrtf.engines.flower.roster import Roster
@@ -91,6 +91,9 @@ class MrtfFlowerStrategy(FlowerStrategy):
                      f"within {self.cfg.round_timeout:g} s; left out")
         enough_parties(len(updates), self.cfg.min_parties, f"round {server_round}")
         updates.sort(key=lambda u: u.client)  # the in-process engine's order
+        updates, capped = cap_claims(updates, self.roster.sizes)
+        for line in capped:
+            self.say(f"round {server_round}: {line}")
         self.last_updates = updates
         evaluate = (server_round % self.cfg.eval_every == 0 or server_round == self.rounds)
         agg = self.strategy.aggregate(rnd, self.state, updates, evaluate)

@@ -1,0 +1,112 @@
+"""mrtf.trust.basin: parties from different starts (issue 33 item 3), with real training.
+
+Four LeNet parties train on sklearn digits (Dirichlet 5.0 shards, 5 epochs), once from one
+shared start and once each from its own random start. No clean party may be flagged in either;
+from independent starts there is no parameter average and the labels are at least the
+ensemble's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from mrtf.federated import local_train
+from mrtf.federated.runner import RunConfig, prepare_run
+from mrtf.io.bundles import BundleMeta, ReceivedModel, ReceivedSet
+from mrtf.io.hdf5 import ArraySource
+from mrtf.models import build_model
+from mrtf.refinery import RefineConfig, accuracy_of, refine
+from mrtf.trust.basin import SHARED_COSINE, assess_basin, start_line, weight_cosine
+from mrtf.trust.received import assess_received
+
+PARTIES = 4
+
+
+def _parties(shared: bool) -> tuple[ReceivedSet, ArraySource, np.ndarray]:
+    cfg = RunConfig(dataset="digits", clients=PARTIES, split="dirichlet:5.0", ratio=1.0,
+                    rounds=1, arch="lenet", target_size=300, seeds=[0], epochs=5,
+                    batch_size=16, lr=0.05)
+    fed = prepare_run(cfg, 0)
+
+    def start(seed: int) -> torch.nn.Module:
+        torch.manual_seed(seed)
+        return build_model("lenet", fed.num_classes, **fed.arch_kwargs)
+
+    models = []
+    for k in range(PARTIES):
+        idx = torch.from_numpy(fed.parts[k])
+        res = local_train(start(0 if shared else 100 + k), fed.x[idx], fed.y[idx],
+                          fed.num_classes, cfg.local_config(), seed=k)
+        meta = BundleMeta(arch="lenet", num_classes=fed.num_classes,
+                          arch_kwargs=fed.arch_kwargs, party=f"p{k}", n_samples=len(idx),
+                          train_loss=res.train_loss, round=0)
+        models.append(ReceivedModel(Path(f"p{k}.safetensors"), meta, res.model.state_dict()))
+    if shared:
+        meta = BundleMeta(arch="lenet", num_classes=fed.num_classes,
+                          arch_kwargs=fed.arch_kwargs, party="server", round=0, role="global")
+        models.append(ReceivedModel(Path("global.safetensors"), meta, start(0).state_dict()))
+    return ReceivedSet(models, []), ArraySource(fed.target_x.numpy()), fed.target_y.numpy()
+
+
+@pytest.fixture(scope="module")
+def shared():
+    return _parties(True)
+
+
+@pytest.fixture(scope="module")
+def independent():
+    return _parties(False)
+
+
+def _ensemble_accuracy(rs: ReceivedSet, src: ArraySource, y: np.ndarray) -> float:
+    x = torch.from_numpy(src.read(0, len(src)))
+    with torch.inference_mode():
+        probs = torch.stack([m.build()(x).softmax(1) for m in rs.by_role("local")]).mean(0)
+    return float((probs.argmax(1).numpy() == y).mean())
+
+
+def test_weights_tell_the_starts_apart(shared, independent):
+    cos_shared = weight_cosine([m.state_dict for m in shared[0].by_role("local")])
+    cos_indep = weight_cosine([m.state_dict for m in independent[0].by_role("local")])
+    assert cos_shared >= SHARED_COSINE > cos_indep
+    # what refine says before any work (from the weights alone)
+    assert start_line(shared[0]) is None
+    assert start_line(independent[0]).startswith("parties trained from their own starts")
+
+
+def test_basin_from_behaviour():
+    """An average agreeing with the ensemble by chance is said (weak), one that agrees is not;
+    the average is dropped only when the weights say the starts differ."""
+    logits = np.random.default_rng(0).normal(size=(3, 200, 10))
+    ens = logits.mean(0)
+    assert not assess_basin(0.9, logits, ens).weak_average
+    weak = assess_basin(0.9, logits, np.roll(ens, 1, axis=1))
+    assert weak.weak_average and weak.average_works and "far from it" in weak.line()
+    assert not assess_basin(0.01, logits, ens).average_works
+
+
+def test_independent_parties_are_not_attackers_and_not_averaged(independent):
+    rs, src, y = independent
+    res = refine(rs, src, RefineConfig(seed=0, progress=False))
+    basin = res.info["basin"]
+    assert not basin["shared_start"] and not basin["average_used"]
+    assert res.info["notes"][0].startswith("parties trained from their own starts")
+    assert "no parameter average" in res.info["notes"][0]
+    assert all(p["verdict"] == "trusted" for p in res.info["reliability"])
+    assert accuracy_of(res.probs, y) >= _ensemble_accuracy(rs, src, y)
+    # inspect --data says the same, and flags no one
+    report = assess_received(rs, src)
+    assert report.flagged == [] and "no parameter average" in report.notes[0]
+
+
+def test_shared_start_is_averaged_and_nobody_flagged(shared):
+    rs, src, _ = shared
+    res = refine(rs, src, RefineConfig(seed=0, progress=False))
+    basin = res.info["basin"]
+    assert basin["shared_start"] and basin["average_used"]
+    assert all(p["verdict"] == "trusted" for p in res.info["reliability"])
+    assert res.info["notes"][0].startswith("parties share a basin")
