@@ -11,7 +11,7 @@ from mrtf.errors import InputError
 from mrtf.io.bundles import MODEL_SUFFIXES, load_bundle, load_received
 from mrtf.io.hdf5 import describe_h5
 from mrtf.io.limits import check_memory, labeling_bytes
-from mrtf.io.parties import plan_parties
+from mrtf.trust.parties import plan_parties
 
 
 @click.command()

@@ -26,7 +26,6 @@ from mrtf.io.labels import LabelSet, write_labels
 from mrtf.io.labels_csv import write_labels_csv
 from mrtf.io.limits import check_memory
 from mrtf.io.outputs import Outputs
-from mrtf.io.parties import describe, duplicate_parties, plan_parties
 from mrtf.io.refined import new_student, refined_meta, student_of_onnx_set
 from mrtf.progress import log_lines
 from mrtf.refinery import METHODS, RefineConfig, refine
@@ -35,6 +34,7 @@ from mrtf.refinery.neighbour_vote import NEIGHBOURS, check_neighbours
 from mrtf.refinery.registry import method_help
 from mrtf.refinery.storage import memory_estimate, use_streaming
 from mrtf.trust.basin import start_line
+from mrtf.trust.parties import describe, duplicate_parties, plan_parties
 from mrtf.trust.selective import check_selection, select
 
 

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from mrtf.cli.main import cli
 from mrtf.federated import export_received
 from mrtf.io import load_received
-from mrtf.io.parties import duplicate_parties, plan_parties
+from mrtf.trust.parties import duplicate_parties, plan_parties
 
 
 def run(*args):

@@ -23,20 +23,7 @@ from mrtf.datafree.common import CollapseWatch, FusionState, check_finite, freez
 from mrtf.datafree.config import FusionConfig
 from mrtf.datafree.generators import UnconditionalGenerator, default_noise_dim, sample_noise
 from mrtf.errors import InputError
-
-
-def latest_per_party(models: Sequence) -> list:
-    """The latest received model of each party (highest ``meta.round``; a missing round counts
-    as older than any round). Parties are ``meta.party``, else the file name. A party with two
-    files of the same round keeps the first in the given order. Order: first appearance."""
-    best: dict[str, object] = {}
-    for m in models:
-        key = m.meta.party or m.path.stem
-        old = best.get(key)
-        rnd = -1 if m.meta.round is None else m.meta.round
-        if old is None or rnd > (-1 if old.meta.round is None else old.meta.round):
-            best[key] = m
-    return list(best.values())
+from mrtf.trust.selection import latest_per_party
 
 
 def oca_average(models: Sequence) -> tuple[nn.Module, list[float]]:

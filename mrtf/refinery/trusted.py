@@ -16,11 +16,11 @@ from mrtf.io.hdf5 import RowSubset
 from mrtf.refinery.adaptive import estimated_accuracy
 from mrtf.refinery.config import RefineConfig
 from mrtf.refinery.teachers import check_finite, teacher_logits
+from mrtf.trust.basin import SHARED_COSINE, assess_basin, weight_cosine
 from mrtf.trust.calibration import Signals, calibrate, uncalibrated
 from mrtf.trust.neighbours import target_neighbours
 from mrtf.trust.received import sample_note, sample_rows
 from mrtf.trust.reliability import assess
-from mrtf.trust.basin import SHARED_COSINE, assess_basin, weight_cosine
 from mrtf.trust.selection import behaviour_copies
 
 

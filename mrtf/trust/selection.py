@@ -16,7 +16,7 @@ as θ_t of a later round made every honest party's output layer look renamed. So
   class rows renamed (mrtf.trust.weights) is named and refused.
 
 :func:`select` returns a :class:`Selection`; ``mrtf.refinery.teachers.newest_locals`` /
-``newest_global``, ``mrtf.io.parties.plan_parties`` and ``mrtf.trust.received`` all read it.
+``newest_global``, ``mrtf.trust.parties.plan_parties`` and ``mrtf.trust.received`` all read it.
 What behaviour on the target says about the chosen models (relabelled parties, copies that act
 alike, parties that share no basin) is checked later, in mrtf.trust.reliability and
 mrtf.trust.basin.
@@ -366,3 +366,17 @@ def select_locals(models: Sequence) -> list:
     """S_t among a list of local ReceivedModels, by the rule of :func:`select` (data-free
     fusion's FedFTG teachers)."""
     return select(_Models(list(models))).locals_ if models else []
+
+
+def latest_per_party(models: Sequence) -> list:
+    """The latest received model of each party (highest ``meta.round``; a missing round counts
+    as older than any round). Parties are ``meta.party``, else the file name. A party with two
+    files of the same round keeps the first in the given order. Order: first appearance."""
+    best: dict[str, object] = {}
+    for m in models:
+        key = m.meta.party or m.path.stem
+        old = best.get(key)
+        rnd = -1 if m.meta.round is None else m.meta.round
+        if old is None or rnd > (-1 if old.meta.round is None else old.meta.round):
+            best[key] = m
+    return list(best.values())

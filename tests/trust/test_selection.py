@@ -14,9 +14,9 @@ import torch
 
 from mrtf.io.bundles import ReceivedModel, ReceivedSet, load_received
 from mrtf.io.hdf5 import H5Dataset
-from mrtf.io.parties import describe, plan_parties
 from mrtf.refinery import RefineConfig, accuracy_of, refine
 from mrtf.refinery.teachers import newest_global, newest_locals, teacher_logits
+from mrtf.trust.parties import describe, plan_parties
 from mrtf.trust.reliability import assess
 from mrtf.trust.selection import behaviour_copies, copy_groups, select
 

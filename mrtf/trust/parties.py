@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from mrtf.trust.selection import select
+from mrtf.trust.selection import latest_per_party, select
 
 
 @dataclass
@@ -53,12 +53,10 @@ def plan_parties(received: Any, job: str) -> list[PartyUse]:
     """Every model of ``received`` with used / not used and why, for ``job`` = ``refine``
     (MrTF and its variants, adaptive), ``fedftg`` or ``fedkf``. The rule is
     :func:`mrtf.trust.selection.select` (round and θ_t claims checked, copies counted once);
-    FedKF's OCA teacher takes ``mrtf.datafree.fedkf.latest_per_party`` of the local models."""
+    FedKF's OCA teacher takes ``mrtf.trust.selection.latest_per_party`` of the local models."""
     sel = select(received)
     chosen: set[int] = set()
     if job == "fedkf":
-        from mrtf.datafree.fedkf import latest_per_party
-
         chosen = {id(m) for m in latest_per_party(received.by_role("local"))}
     hetero = len({(m.meta.arch, str(sorted(m.meta.arch_kwargs.items())))
                   for m in sel.locals_}) > 1 or any(m.onnx for m in sel.locals_)
