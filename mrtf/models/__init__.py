@@ -8,9 +8,20 @@ from mrtf.models.registry import (
     image_kwargs,
     register,
 )
-from mrtf.models.zoo import VGG8, CharLSTM, ConvNet, FeatureModel, LeNet, MLPNet, ResNet
+from mrtf.models.zoo import (
+    VGG8,
+    CharLSTM,
+    ConvNet,
+    FeatureModel,
+    LeNet,
+    LeNetShot,
+    MLPNet,
+    ResNet,
+    WeightNormLinear,
+)
 
 __all__ = [
-    "CharLSTM", "ConvNet", "FeatureModel", "HookedModel", "LeNet", "MLPNet", "ResNet", "VGG8",
+    "CharLSTM", "ConvNet", "FeatureModel", "HookedModel", "LeNet", "LeNetShot", "MLPNet", "ResNet",
+    "VGG8", "WeightNormLinear",
     "available_archs", "build_model", "has_batchnorm", "image_kwargs", "register",
 ]
