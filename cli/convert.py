@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from mrtf.cli.common import Out, output_options
-from mrtf.data import BUILTIN, import_to_h5, load_builtin
+from mrtf.data import DATASET_NAMES, import_to_h5, is_dataset_name, load_dataset
 from mrtf.errors import InputError
 from mrtf.io.hdf5 import H5Dataset, write_dataset
 from mrtf.io.outputs import Outputs
@@ -26,19 +26,21 @@ from mrtf.io.outputs import Outputs
 @output_options
 def convert(source: str, output: Path, labels_file: Path | None, image_size: int | None,
             channels: str | None, unlabeled: bool, force: bool, out: Out) -> None:
-    """Write SOURCE (a built-in dataset name, an .npz, an .npy, or an image folder with one
-    sub-folder per class, or flat for unlabeled images) to OUTPUT as an HDF5 dataset."""
+    """Write SOURCE (a built-in dataset name; a standard one, mnist, usps or mnistm as NAME or
+    NAME:SPLIT, read from $MRTF_DATA (see `mrtf data`); an .npz, an .npy, or an image folder
+    with one sub-folder per class, or flat for unlabeled images) to OUTPUT as an HDF5
+    dataset."""
     chans = int(channels) if channels else None
-    if source not in BUILTIN and not Path(source).exists():
-        raise InputError(f"{source}: no such file, folder or built-in dataset "
-                         f"({', '.join(BUILTIN)})")
-    if source not in BUILTIN and unlabeled:
+    named = is_dataset_name(source)
+    if not named and not Path(source).exists():
+        raise InputError(f"{source}: no such file, folder or dataset ({DATASET_NAMES})")
+    if not named and unlabeled:
         raise InputError("--unlabeled applies to built-in datasets; leave labels out of "
                          "the source instead")
-    inputs = [Path(source), labels_file] if source not in BUILTIN else []
+    inputs = [Path(source), labels_file] if not named else []
     with Outputs([output], force, inputs) as outs, outs.writing(output) as tmp:
-        if source in BUILTIN:
-            ds = load_builtin(source, image_size, chans)
+        if named:
+            ds = load_dataset(source, image_size, chans)
             write_dataset(tmp, ds.x, None if unlabeled else ds.y, ids=range(len(ds.y)),
                           attrs={"source": source}, atomic=False)
         else:

@@ -17,18 +17,32 @@ from mrtf.data.builtin import (
 )
 from mrtf.data.convert import import_to_h5, load_arrays, load_image_folder
 from mrtf.data.splits import SplitSpec, client_class_counts, parse_split, split_clients
+from mrtf.data.standard import STANDARD, is_standard_name, load_standard, parse_standard_name
 from mrtf.errors import InputError
+
+DATASET_NAMES = (f"built-in: {', '.join(BUILTIN)}; standard (mrtf data fetch NAME): "
+                 "mnist[:train|:test], usps[:train|:test], mnistm[:test]")
+
+
+def is_dataset_name(text: str) -> bool:
+    """Whether ``text`` names a built-in or standard dataset (not a file); a standard name
+    with an unknown split is an InputError."""
+    return str(text) in BUILTIN or parse_standard_name(str(text)) is not None
 
 
 def load_dataset(source: str | os.PathLike, image_size: int | None = None,
                  channels: int | None = None, need_labels: bool = True) -> ArrayDataset:
-    """A built-in name (``digits``, ``mnist5k``, ``mnistm5k``) or an HDF5 dataset file."""
+    """A built-in name (``digits``, ``mnist5k``, ``mnistm5k``), a standard one (``mnist``,
+    ``usps``, ``mnistm``, optionally ``NAME:SPLIT``, read from the data directory: $MRTF_DATA or
+    ~/.cache/mrtf/data) or an HDF5 dataset file."""
     text = str(source)
     if text in BUILTIN:
         return load_builtin(text, image_size, channels)
+    standard = parse_standard_name(text)
+    if standard is not None:
+        return load_standard(*standard, size=image_size, channels=channels)
     if not text.endswith((".h5", ".hdf5")) and not Path(text).exists():
-        raise InputError(f"unknown dataset {text!r}; built-in: {', '.join(BUILTIN)}, "
-                         "or a path to an .h5 file")
+        raise InputError(f"unknown dataset {text!r}; {DATASET_NAMES}, or a path to an .h5 file")
     from mrtf.io.hdf5 import read_dataset
 
     x, y = read_dataset(text)
@@ -40,7 +54,9 @@ def load_dataset(source: str | os.PathLike, image_size: int | None = None,
 
 
 __all__ = [
-    "BUILTIN", "ArrayDataset", "InputError", "SplitSpec", "adapt_images", "client_class_counts",
-    "import_to_h5", "load_arrays", "load_builtin", "load_dataset", "load_image_folder",
-    "parse_split", "split_clients", "train_target_split",
+    "BUILTIN", "DATASET_NAMES", "STANDARD", "ArrayDataset", "InputError", "SplitSpec",
+    "adapt_images", "client_class_counts", "import_to_h5", "is_dataset_name",
+    "is_standard_name", "load_arrays", "load_builtin", "load_dataset", "load_image_folder",
+    "load_standard", "parse_split", "parse_standard_name", "split_clients",
+    "train_target_split",
 ]

@@ -75,9 +75,10 @@ def _mnistm5k() -> tuple[np.ndarray, np.ndarray]:
 _LOADERS = {"digits": _digits, "mnist5k": _mnist5k, "mnistm5k": _mnistm5k}
 
 
-def adapt_images(x: np.ndarray, image_size: int | None = None, channels: int | None = None
-                 ) -> np.ndarray:
-    """Resize (bilinear, antialiased) and convert channels (1→3 repeats, 3→1 luminance)."""
+def adapt_images(x: np.ndarray, image_size: int | None = None, channels: int | None = None,
+                 antialias: bool = True) -> np.ndarray:
+    """Resize (bilinear, antialiased unless ``antialias=False``) and convert channels (1→3
+    repeats, 3→1 luminance)."""
     t = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
     if channels is not None and channels != t.shape[1]:
         if t.shape[1] == 1:
@@ -91,7 +92,8 @@ def adapt_images(x: np.ndarray, image_size: int | None = None, channels: int | N
         out = []
         for start in range(0, len(t), 4096):
             out.append(F.interpolate(t[start:start + 4096], size=(image_size, image_size),
-                                     mode="bilinear", antialias=True, align_corners=False))
+                                     mode="bilinear", antialias=antialias,
+                                     align_corners=False))
         t = torch.cat(out).clamp_(0.0, 1.0)
     return t.numpy()
 

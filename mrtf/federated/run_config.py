@@ -111,7 +111,7 @@ class RunConfig(MethodSettings):
         return max(1, int(round(self.ratio * self.clients)))
 
     def validate(self) -> None:
-        from mrtf.data import BUILTIN, parse_split
+        from mrtf.data import DATASET_NAMES, is_dataset_name, parse_split
         from mrtf.models import available_archs
 
         def bad(cond: bool, msg: str) -> None:
@@ -119,9 +119,8 @@ class RunConfig(MethodSettings):
                 raise InputError(msg)
 
         parse_split(self.split)
-        bad(self.dataset not in BUILTIN and not Path(self.dataset).is_file(),
-            f"unknown dataset {self.dataset!r}; built-in: {', '.join(BUILTIN)}, or a path to "
-            "an .h5 file")
+        bad(not is_dataset_name(self.dataset) and not Path(self.dataset).is_file(),
+            f"unknown dataset {self.dataset!r}; {DATASET_NAMES}, or a path to an .h5 file")
         bad(self.clients < 1, f"--clients must be >= 1, got {self.clients}")
         bad(not 0 < self.ratio <= 1, f"--ratio must be in (0, 1], got {self.ratio}")
         bad(self.ratio * self.clients < 1, f"--ratio {self.ratio} × --clients {self.clients} "
@@ -154,9 +153,9 @@ class RunConfig(MethodSettings):
         bad(":" not in self.arch and self.arch not in available_archs(),
             f"unknown architecture {self.arch!r}; choose from {', '.join(available_archs())}")
         if self.target is not None and self.target != self.dataset:
-            bad(self.target not in BUILTIN and not Path(self.target).is_file(),
-                f"unknown target dataset {self.target!r}; built-in: {', '.join(BUILTIN)}, "
-                "or a path to an .h5 file")
+            bad(not is_dataset_name(self.target) and not Path(self.target).is_file(),
+                f"unknown target dataset {self.target!r}; {DATASET_NAMES}, or a path to an "
+                ".h5 file")
         self.local_config()
 
     @property
