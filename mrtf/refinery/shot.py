@@ -5,6 +5,12 @@ The received model is split into a feature extractor g and a hypothesis h, the l
 maximisation (Eq. 2-3: confident per-sample predictions, diverse on average) plus β times
 the cross-entropy to self-supervised pseudo-labels (Eq. 4-6: weighted k-means on g's features,
 cosine distance). A baseline for the MrTF refinery; the target's ``y`` is never read.
+
+Two named recipes (:func:`shot_settings`): ``mrtf``, ``ShotSettings()``, the project's (Adam
+3e-5, 500 steps; the adaptive default's SHOT branch), and ``paper``, ``ShotSettings.paper()``,
+SHOT's own digit recipe (SGD 0.01 with its decay, 30 epochs, β 0.1). With a party trained by
+SHOT's source recipe (``mrtf simulate --recipe shot``) the paper recipe reproduces SHOT at
+K = 1 (docs/benchmarks/standard-digits.md).
 """
 
 from __future__ import annotations
@@ -99,6 +105,16 @@ class ShotSettings:
         for ok, msg in checks:  # `not ok` (not a negated comparison) also rejects NaN
             if not ok:
                 raise InputError(f"SHOT: {msg}")
+
+
+SHOT_RECIPES = ("mrtf", "paper")
+
+
+def shot_settings(recipe: str = "mrtf") -> ShotSettings:
+    """The named recipe's settings: 'mrtf' (the project's) or 'paper' (SHOT's code)."""
+    if recipe not in SHOT_RECIPES:
+        raise InputError(f"unknown SHOT recipe {recipe!r}; choose from {', '.join(SHOT_RECIPES)}")
+    return ShotSettings.paper() if recipe == "paper" else ShotSettings()
 
 
 def shot_pseudo_labels(probs: np.ndarray, features: np.ndarray, iterations: int = 2
@@ -216,8 +232,10 @@ def shot_adapt(model: nn.Module, source, settings: ShotSettings | None = None, s
                spill: bool = False, scratch_dir: str | None = None) -> nn.Module:
     """Adapt ``model`` in place (no copy) to the unlabeled ``source`` (H5Dataset/ArraySource).
 
-    The last ``nn.Linear`` (hypothesis) is frozen; the rest is trained in train mode with Adam
-    on L_ent - div_weight·H(p̄) + beta·CE (SHOT Eq. 2-3 and Sect. 3.3), pseudo-labels from
+    The last ``nn.Linear`` (hypothesis) is frozen; the rest is trained in train mode
+    (BatchNorm on batch statistics, dropout on, as SHOT's code) with ``settings.optimizer``
+    (Adam, or SHOT's SGD schedule: :meth:`ShotSettings.paper`) on
+    L_ent - div_weight·H(p̄) + beta·CE (SHOT Eq. 2-3 and Sect. 3.3), pseudo-labels from
     :func:`shot_pseudo_labels` on the head's input features, refreshed every
     ``refresh_every`` steps over the whole source. The head's ``requires_grad`` is restored.
     Deterministic given ``seed``. Returned in eval mode on the device it came on; FusionError on

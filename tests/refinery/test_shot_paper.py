@@ -9,6 +9,7 @@ from mrtf.federated import LocalConfig, local_train
 from mrtf.io.hdf5 import ArraySource
 from mrtf.models import build_model
 from mrtf.refinery import ShotSettings, shot_adapt
+from mrtf.refinery.shot import shot_settings
 
 
 def test_paper_recipe_values_and_default_unchanged():
@@ -19,6 +20,9 @@ def test_paper_recipe_values_and_default_unchanged():
     d = ShotSettings()
     assert (d.optimizer, d.lr, d.steps, d.epochs, d.beta) == ("adam", 3e-5, 500, 0, 0.3)
     assert d.num_steps(10_000) == 500
+    assert shot_settings("paper") == p and shot_settings("mrtf") == d == shot_settings()
+    with pytest.raises(InputError, match="unknown SHOT recipe"):
+        shot_settings("fast")
     with pytest.raises(InputError, match="optimizer"):
         ShotSettings(optimizer="rmsprop").validate()
     with pytest.raises(InputError, match="epochs"):
