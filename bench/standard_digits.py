@@ -261,6 +261,8 @@ def markdown(summary: dict, methods: list[str]) -> str:
                 vals.append("–")
                 continue
             txt = f"{row[m]['mean']:.3f} ± {row[m]['std']:.3f}"
+            if len(row[m]["per_seed"]) < len(seeds):  # a method with fewer seeds says so
+                txt += f" (seeds {','.join(row[m]['per_seed'])})"
             vals.append(f"**{txt}**" if row[m]["mean"] == best else txt)
         lines.append(f"| {key} | {','.join(seeds)} | " + " | ".join(vals) + " |")
     return head + "\n".join(lines) + "\n"
