@@ -35,11 +35,11 @@ def test_label_smoothing_is_shots_smoothed_cross_entropy():
 
 def test_label_smoothing_changes_training_and_default_is_unchanged():
     x, y = _digits()
-    base = LocalConfig(steps=10, batch_size=32, lr=0.05)
+    base = LocalConfig(steps=4, batch_size=32, lr=0.05)
     a = local_train(_lenet(), x, y, 10, base, seed=0)
-    b = local_train(_lenet(), x, y, 10, LocalConfig(steps=10, batch_size=32, lr=0.05,
+    b = local_train(_lenet(), x, y, 10, LocalConfig(steps=4, batch_size=32, lr=0.05,
                                                      label_smoothing=0.0), seed=0)
-    c = local_train(_lenet(), x, y, 10, LocalConfig(steps=10, batch_size=32, lr=0.05,
+    c = local_train(_lenet(), x, y, 10, LocalConfig(steps=4, batch_size=32, lr=0.05,
                                                      label_smoothing=0.1), seed=0)
     for p, q in zip(a.model.parameters(), b.model.parameters()):
         torch.testing.assert_close(p, q, rtol=0, atol=0)
