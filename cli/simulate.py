@@ -11,6 +11,7 @@ import click
 from mrtf.cli.common import Out, output_options
 from mrtf.errors import InputError
 from mrtf.federated.export import Exports
+from mrtf.federated.recipes import PARTY_RECIPES, party_recipe
 from mrtf.federated.run_config import RunConfig, load_toml
 from mrtf.federated.simulate import simulate as run_simulation
 from mrtf.models import available_archs
@@ -34,6 +35,15 @@ from mrtf.models import available_archs
 @click.option("--batch-size", default=16, show_default=True,
               help="Local batch size (16: clients hold ~200 samples; measured in "
                    "docs/benchmarks/demo-and-runs.md, 64 left a 10-round federation near chance).")
+@click.option("--recipe", type=click.Choice(sorted(PARTY_RECIPES)), default=None,
+              help="Party recipe: named local-training settings (docs/party-recipe.md); "
+                   "'shot' = SHOT's source recipe (lenet_shot, label smoothing 0.1, SGD "
+                   "0.01 Nesterov with decay, batch 64, E 30). Flags given override it.")
+@click.option("--label-smoothing", type=float, default=None,
+              help="Label smoothing ε of the local cross-entropy (0 = none; SHOT 0.1).")
+@click.option("--local-augment", is_flag=True, default=None,
+              help="Shift (≤ 4/28) and rotate (≤ 10°) every local training image (SHOT's "
+                   "USPS source augmentation).")
 @click.option("--mu", default=0.0, show_default=True,
               help="FedProx proximal coefficient μ (0 = FedAvg; evaluation runs: with "
                    "--local-algorithm fedprox, e.g. 0.01).")
@@ -101,7 +111,7 @@ def simulate(out: Out, **opts) -> None:
     """Simulate a federation and export received models and the target set; or run and compare
     server methods over seeds (--config / --methods / --out). Both run the same engine: a
     plain simulation is the evaluation run's FedAvg track of --seed, without a run directory."""
-    run_keys = ("config_file", "methods", "seeds", "run_out", "resume", *RUN_ONLY)
+    run_keys = ("config_file", "methods", "seeds", "run_out", "resume", "recipe", *RUN_ONLY)
     run_opts = {k: opts.pop(k) for k in run_keys}
     if run_opts["config_file"] or run_opts["methods"] or run_opts["run_out"]:
         return evaluation_run(out, opts, run_opts)
@@ -109,6 +119,7 @@ def simulate(out: Out, **opts) -> None:
         if run_opts[key]:
             raise InputError(f"--{key} needs an evaluation run (--methods, --out or --config)")
     data: dict = {key: opts[name] for name, key in SHARED.items()}
+    data.update(_recipe(run_opts["recipe"]))
     data["channels"] = int(opts["channels"]) if opts["channels"] else None
     data.update(seeds=[opts["seed"]], methods=["fedavg"])
     data.update({k: run_opts[k] for k in RUN_ONLY if run_opts[k] is not None})
@@ -141,12 +152,16 @@ def simulate(out: Out, **opts) -> None:
 RUN_ONLY = ("target", "local_algorithm", "dp_sigma", "dp_clip", "eval_every", "local_test",
             "refine_steps", "refine_lr", "variant", "clr_min_round", "keep_training_on_average",
             "fusion_iterations", "fusion_student_steps", "fusion_batch", "fedkf_kd_from_round",
-            "fedkf_oca")
+            "fedkf_oca", "label_smoothing", "local_augment")
 #: CLI option name → RunConfig key, for options shared with the single FedAvg simulation
 SHARED = {"dataset": "dataset", "clients": "clients", "split": "split", "ratio": "ratio",
           "rounds": "rounds", "epochs": "epochs", "local_steps": "local_steps", "lr": "lr",
           "batch_size": "batch_size", "mu": "mu", "arch": "arch", "norm": "norm",
           "target_size": "target_size", "image_size": "image_size", "channels": "channels"}
+
+
+#: RunConfig key → CLI option name, for the keys a party recipe sets
+OPTION_OF = {**{key: name for name, key in SHARED.items()}, "label_smoothing": "label_smoothing"}
 
 
 def _explicit(name: str) -> bool:
@@ -155,11 +170,19 @@ def _explicit(name: str) -> bool:
     return src is not None and src.name in ("COMMANDLINE", "ENVIRONMENT")
 
 
+def _recipe(name: str | None) -> dict:
+    """The party recipe's RunConfig keys whose flags were not given on the command line."""
+    if name is None:
+        return {}
+    return {k: v for k, v in party_recipe(name).items() if not (k in OPTION_OF and
+                                                                _explicit(OPTION_OF[k]))}
+
+
 def evaluation_run(out: Out, opts: dict, run_opts: dict) -> None:
     """``mrtf simulate --config/--methods/--out``: defaults < config file < explicit flags."""
     from mrtf.federated.runner import run
 
-    data: dict = {}
+    data: dict = _recipe(run_opts["recipe"])
     if run_opts["resume"] and run_opts["run_out"] is not None:
         # the run directory holds its config: `--out DIR --resume` alone continues the run
         # (flags given again must agree with it, or the run is refused as a different one)

@@ -11,13 +11,29 @@ import torch.nn.functional as F
 from torch import nn
 
 from mrtf.models import has_batchnorm
+from mrtf.refinery.augment import Jitter, applies, jitter
+from mrtf.schedule import inverse_decay
+
+LR_DECAYS = ("none", "inverse")
+#: SHOT's USPS source augmentation: RandomCrop(28, padding=4) and RandomRotation(10)
+SHOT_JITTER = Jitter(shift=4 / 28, rotate=10.0)
 
 
 @dataclass
 class LocalConfig:
     """Client-update settings (reference defaults: SGD lr 0.01-0.05, momentum 0.9, wd 1e-5,
     batch 64, grad-clip 100). ``steps`` overrides ``epochs`` when set; ``mu`` > 0 adds FedProx's
-    proximal term μ/2·‖θ − θ_global‖²."""
+    proximal term μ/2·‖θ − θ_global‖².
+
+    The party recipe's knobs (docs/party-recipe.md; all off by default, as before):
+    label_smoothing : ε of the cross-entropy's smoothed targets (1 − ε)·onehot + ε/C (SHOT's
+        source training: 0.1; it keeps the source features from over-fitting the source's
+        labels, which helps the hypothesis transfer, SHOT Sect. 3.1).
+    nesterov : Nesterov momentum (SHOT: on).
+    lr_decay : 'none' or 'inverse', lr·(1 + 10·i/N)^−0.75 over the N local steps (SHOT's
+        schedule, mrtf/schedule.py).
+    augment : a random shift + rotation of every training image (augment.py), or None.
+    """
 
     epochs: int = 2
     steps: int | None = None
@@ -27,12 +43,25 @@ class LocalConfig:
     batch_size: int = 64
     clip: float = 100.0
     mu: float = 0.0
+    label_smoothing: float = 0.0
+    nesterov: bool = False
+    lr_decay: str = "none"
+    augment: Jitter | None = None
 
     def __post_init__(self) -> None:
         if self.epochs < 1 and not self.steps:
             raise ValueError("epochs must be >= 1 (or steps given)")
         if self.lr <= 0 or self.batch_size < 1 or self.mu < 0:
             raise ValueError("lr and batch_size must be positive and mu >= 0")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.lr_decay not in LR_DECAYS:
+            raise ValueError(f"lr_decay must be one of {', '.join(LR_DECAYS)}, "
+                             f"got {self.lr_decay!r}")
+        if self.nesterov and self.momentum <= 0:
+            raise ValueError("nesterov needs momentum > 0")
 
 
 @dataclass
@@ -55,16 +84,23 @@ def local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes:
     local = copy.deepcopy(model).to(device).train()
     start = [p.detach().clone() for p in local.parameters()] if config.mu > 0 else None
     opt = torch.optim.SGD(local.parameters(), lr=config.lr, momentum=config.momentum,
-                          weight_decay=config.weight_decay)
+                          weight_decay=config.weight_decay, nesterov=config.nesterov)
     gen = torch.Generator().manual_seed(seed)
     n = len(x)
     batch = min(config.batch_size, n)
     steps = config.steps or config.epochs * max(1, int(np.ceil(n / batch)))
+    augment = config.augment if config.augment is not None and \
+        applies(tuple(x.shape[1:])) else None
+    # its own stream, so the batches are those of the same run without augmentation
+    moves = torch.Generator().manual_seed(seed + 7919)
     losses: list[float] = []
     order = torch.randperm(n, generator=gen)
     cursor = 0
     named = dict(local.named_parameters())
-    for _ in range(steps):
+    for step in range(steps):
+        if config.lr_decay == "inverse":
+            for group in opt.param_groups:
+                group["lr"] = config.lr * inverse_decay(step, steps)
         if cursor + batch > n:
             order, cursor = torch.randperm(n, generator=gen), 0
         idx = order[cursor:cursor + batch]
@@ -72,7 +108,9 @@ def local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes:
         xb, yb = x[idx].to(device), y[idx].to(device)
         if len(idx) == 1 and has_batchnorm(local):
             continue  # BatchNorm cannot train on a single sample
-        loss = F.cross_entropy(local(xb), yb)
+        if augment is not None:
+            xb = jitter(xb, moves, augment)
+        loss = F.cross_entropy(local(xb), yb, label_smoothing=config.label_smoothing)
         total = loss
         if start is not None:
             prox = sum(((p - p0) ** 2).sum() for p, p0 in zip(local.parameters(), start))

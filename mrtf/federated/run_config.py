@@ -13,7 +13,7 @@ from typing import Any
 from mrtf.errors import InputError
 from mrtf.federated.clients import LOCAL_ALGORITHMS
 from mrtf.federated.federation import Federation, prepare_federation
-from mrtf.federated.local import LocalConfig
+from mrtf.federated.local import SHOT_JITTER, LocalConfig
 from mrtf.federated.methods import METHODS, MethodSettings
 
 VARIANTS = ("paper", "reference")
@@ -38,6 +38,12 @@ class RunConfig(MethodSettings):
     batch_size: int = 16  # measured: docs/results.md ("Defaults")
     local_algorithm: str = "fedavg"
     mu: float = 0.0  # FedProx μ: needs local_algorithm = fedprox and μ > 0 (e.g. 0.01)
+    # the party recipe's knobs (LocalConfig; recipes.py, docs/party-recipe.md)
+    weight_decay: float = 1e-5
+    label_smoothing: float = 0.0
+    nesterov: bool = False
+    lr_decay: str = "none"  # or "inverse": SHOT's lr·(1 + 10·i/N)^−0.75
+    local_augment: bool = False  # SHOT's USPS augmentation (shift ≤ 4/28, rotation ≤ 10°)
     arch: str = "lenet"
     norm: str | None = None
     target_size: int = 1000
@@ -91,7 +97,11 @@ class RunConfig(MethodSettings):
         try:
             return LocalConfig(epochs=self.epochs, steps=self.local_steps, lr=self.lr,
                                batch_size=self.batch_size,
-                               mu=self.mu if self.local_algorithm == "fedprox" else 0.0)
+                               mu=self.mu if self.local_algorithm == "fedprox" else 0.0,
+                               weight_decay=self.weight_decay,
+                               label_smoothing=self.label_smoothing, nesterov=self.nesterov,
+                               lr_decay=self.lr_decay,
+                               augment=SHOT_JITTER if self.local_augment else None)
         except ValueError as exc:
             raise InputError(str(exc)) from None
 

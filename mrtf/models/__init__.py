@@ -9,10 +9,20 @@ from mrtf.models.registry import (
     input_kwargs,
     register,
 )
-from mrtf.models.zoo import VGG8, CharLSTM, ConvNet, FeatureModel, LeNet, MLPNet, ResNet
+from mrtf.models.zoo import (
+    VGG8,
+    CharLSTM,
+    ConvNet,
+    FeatureModel,
+    LeNet,
+    LeNetShot,
+    MLPNet,
+    ResNet,
+    WeightNormLinear,
+)
 
 __all__ = [
-    "CharLSTM", "ConvNet", "FeatureModel", "LeNet", "MLPNet", "ResNet", "VGG8",
-    "available_archs", "build_model", "has_batchnorm", "image_kwargs", "input_kwargs",
-    "register", "with_features",
+    "CharLSTM", "ConvNet", "FeatureModel", "LeNet", "LeNetShot", "MLPNet", "ResNet", "VGG8",
+    "WeightNormLinear", "available_archs", "build_model", "has_batchnorm", "image_kwargs",
+    "input_kwargs", "register", "with_features",
 ]

@@ -13,13 +13,14 @@ from torch import nn
 
 from mrtf.errors import InputError
 from mrtf.models.custom import accepted_kwargs, build_custom
-from mrtf.models.zoo import NORMS, VGG8, CharLSTM, ConvNet, LeNet, MLPNet, ResNet
+from mrtf.models.zoo import NORMS, VGG8, CharLSTM, ConvNet, LeNet, LeNetShot, MLPNet, ResNet
 
 # Name → (constructor, accepted kwargs). Image models take in_channels/image_size; some a norm.
 _IMAGE = ("in_channels", "image_size")
 _REGISTRY: dict[str, tuple[Callable[..., nn.Module], tuple[str, ...]]] = {
     "mlp": (MLPNet, _IMAGE + ("in_features", "hidden", "feature_dim")),
     "lenet": (LeNet, _IMAGE),
+    "lenet_shot": (LeNetShot, _IMAGE),  # SHOT's digit network (bottleneck + BN + WN head)
     "convnet": (ConvNet, _IMAGE + ("norm",)),
     "vgg8": (VGG8, _IMAGE + ("norm", "dropout")),
     "resnet8": (lambda **kw: ResNet(depth=8, **kw), _IMAGE + ("norm",)),

@@ -8,6 +8,7 @@ is the penultimate representation flattened to ``(B, D)`` and ``D`` is ``model.f
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 NORMS = ("batch", "group", "none")
@@ -104,6 +105,59 @@ class LeNet(FeatureModel):
 
     def forward_features(self, x):
         h = self.body(x)
+        return h, self.classifier(h)
+
+
+class WeightNormLinear(nn.Linear):
+    """A linear layer with weight normalisation (Salimans & Kingma 2016): row k of the weight
+    is ``weight_g[k] · weight[k] / ‖weight[k]‖``. SHOT's classifier (its ``feat_classifier``
+    with ``type="wn"``); a subclass of ``nn.Linear``, so it is the hypothesis h that SHOT
+    freezes and the layer whose input is a custom model's features. ``weight`` is the
+    direction v, ``weight_g`` the norms g (initially ‖v‖, so it starts as a plain Linear)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
+        super().__init__(in_features, out_features, bias)
+        self.weight_g = nn.Parameter(self.weight.detach().norm(dim=1, keepdim=True).clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight_g * self.weight / self.weight.norm(dim=1, keepdim=True).clamp_min(1e-12)
+        return F.linear(x, w, self.bias)
+
+
+class LeNetShot(FeatureModel):
+    """SHOT's digit network (Liang et al. 2020, code ``digit/network.py``: LeNetBase +
+    feat_bottleneck "bn" + feat_classifier "wn"), used for USPS ↔ MNIST.
+
+    x ↦ (x − 0.5) / 0.5 (SHOT normalises the [0, 1] pixels to [−1, 1]; done inside the model
+    so every mrtf path feeds it [0, 1] images) → conv(in,20,5)-pool-ReLU →
+    conv(20,50,5)-Dropout2d(0.5)-pool-ReLU → flatten (800 at 28 px) → bottleneck Linear 256 →
+    BatchNorm1d → Dropout(0.5) = the features (256-d, the input of the head) → weight-normalised
+    Linear → C. Initialisation as SHOT's: convolutions PyTorch's default, bottleneck
+    Xavier-normal with zero bias, BatchNorm weight N(1, 0.02), head bias zero.
+    """
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 1, image_size: int = 28,
+                 bottleneck: int = 256) -> None:
+        super().__init__()
+        pad = 2 if image_size < 20 else 0
+        self.num_classes, self.feature_dim = num_classes, bottleneck
+        self.body = nn.Sequential(
+            nn.Conv2d(in_channels, 20, 5, padding=pad), nn.MaxPool2d(2), nn.ReLU(),
+            nn.Conv2d(20, 50, 5, padding=pad), nn.Dropout2d(0.5), nn.MaxPool2d(2), nn.ReLU(),
+            nn.Flatten(),
+        )
+        flat = _flat_dim(self.body, in_channels, image_size)
+        self.bottleneck = nn.Sequential(nn.Linear(flat, bottleneck), nn.BatchNorm1d(bottleneck),
+                                        nn.Dropout(0.5))
+        self.classifier = WeightNormLinear(bottleneck, num_classes)
+        nn.init.xavier_normal_(self.bottleneck[0].weight)
+        nn.init.zeros_(self.bottleneck[0].bias)
+        nn.init.normal_(self.bottleneck[1].weight, 1.0, 0.02)
+        nn.init.zeros_(self.bottleneck[1].bias)
+        nn.init.zeros_(self.classifier.bias)
+
+    def forward_features(self, x):
+        h = self.bottleneck(self.body((x - 0.5) / 0.5))
         return h, self.classifier(h)
 
 
