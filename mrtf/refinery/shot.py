@@ -163,7 +163,7 @@ def _with_one(h: np.ndarray) -> np.ndarray:
 
 def _last_linear(model: nn.Module) -> nn.Linear:
     """SHOT's hypothesis h: the last ``nn.Linear`` registered (the project's rule for user
-    models, mrtf.models.registry.HookedModel)."""
+    models, mrtf.models.custom: features are its input)."""
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
     if not linears:
         raise InputError("SHOT needs a model whose classifier is an nn.Linear (none found)")
