@@ -165,11 +165,29 @@ def _digest(state: dict[str, torch.Tensor]) -> bytes:
     return h.digest()
 
 
+def _weight_copies(locals_r: list) -> list[list[int]]:
+    """Copy groups among the models that carry weights (an ONNX graph has no state dict: an
+    empty one would make every ONNX party a copy of every other)."""
+    held = [i for i, m in enumerate(locals_r) if getattr(m, "onnx", None) is None]
+    groups = copy_groups([locals_r[i].state_dict for i in held],
+                         [locals_r[i].meta.round for i in held])
+    return [[held[j] for j in g] for g in groups]
+
+
+def _graph_copies(locals_r: list) -> list[list[int]]:
+    """ONNX files of one round whose checked graphs are byte for byte the same."""
+    same: dict[tuple, list[int]] = {}
+    for i, m in enumerate(locals_r):
+        if getattr(m, "onnx", None) is not None:
+            same.setdefault((m.onnx.sha256, m.meta.round), []).append(i)
+    return [g for g in same.values() if len(g) > 1]
+
+
 def _drop_copies(locals_r: list, files: dict[int, FileUse], suspicious: list[str]
                  ) -> tuple[list, list[list[str]]]:
     """The local models with every copy after a group's first file left out (named). Files of
     different rounds are never copies: a party's history may repeat a model."""
-    groups = copy_groups([m.state_dict for m in locals_r], [m.meta.round for m in locals_r])
+    groups = _weight_copies(locals_r) + _graph_copies(locals_r)
     copies, dropped = [], set()
     for g in groups:
         first = locals_r[g[0]]

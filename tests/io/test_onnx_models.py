@@ -186,3 +186,24 @@ def test_without_the_extra_an_onnx_file_says_what_to_install(tmp_path, monkeypat
     monkeypatch.setattr(bounds.importlib, "import_module", missing)
     res = run("inspect", path)
     assert res.exit_code == 2 and "pip install 'mrtf[onnx]'" in res.stderr, res.output
+
+
+def test_onnx_parties_are_not_copies_of_each_other(tmp_path):
+    """An ONNX graph has no state dict: distinct graphs all teach, a byte-identical file under
+    a second name counts once (mrtf.trust.selection)."""
+    from mrtf.io.bundles import load_received
+    from mrtf.trust.selection import select
+
+    recv = tmp_path / "recv"
+    recv.mkdir()
+    for k in range(3):
+        save(recv / f"p{k}.onnx", linear_graph(), meta_of(k))
+    chosen = select(load_received(recv))
+    assert len(chosen.locals_) == 3 and not chosen.copies
+    shutil.copy(recv / "p0.onnx", recv / "p0-again.onnx")
+    chosen = select(load_received(recv))
+    assert len(chosen.locals_) == 3 and len(chosen.copies) == 1
+
+
+def meta_of(k: int) -> dict:
+    return {"mrtf.num_classes": "3", "mrtf.party": f"party{k}"}

@@ -27,5 +27,5 @@ def test_inspect_names_a_lone_round_claim(digits_oneshot, tmp_path):
     assert res.exit_code == 0, res.output
     assert "not used: intruder.safetensors (intruder): claims round 1000000" in res.output
     # the reliability table covers the 6 honest parties of round 1, none flagged
-    assert "(6 local models; y not read)" in res.output and "0 flagged: none" in res.output
+    assert "(6 local models; y not used)" in res.output and "0 flagged: none" in res.output
     assert "refused: intruder.safetensors" in res.output
