@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import struct
+import subprocess
+import sys
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -377,3 +379,23 @@ def assert_refused(code: int, stderr: str, output: str, message: str) -> None:
     assert len(lines) == 1, stderr
     assert lines[0].startswith("mrtf: error: ") and message in lines[0], lines[0]
     assert "Traceback" not in output and "weights_only=False" not in output
+
+
+#: the environment of the subprocess that runs measured cases: one thread, no GPU, few arenas
+CASE_ENV = {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+            "MALLOC_ARENA_MAX": "2"}
+
+
+def run_plan(root: Path, plan: dict[str, dict], driver: str) -> dict[str, dict]:
+    """Run ``driver`` (Python source: reads the plan's JSON from argv[1], writes each case's
+    result as JSON to argv[2]) in one subprocess with :data:`CASE_ENV`, and add to each result
+    whether the case's folder (``item["dir"]``) was left as ``item["before"]`` found it."""
+    (root / "plan.json").write_text(json.dumps(plan))
+    proc = subprocess.run([sys.executable, "-c", driver, str(root / "plan.json"),
+                           str(root / "results.json")], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, **CASE_ENV})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads((root / "results.json").read_text())
+    for key, item in plan.items():
+        results[key]["unchanged"] = snapshot(Path(item["dir"])) == item["before"]
+    return results

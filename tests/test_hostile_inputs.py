@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from hostile_files import (  # the builders: one per kind of hostile file
+from hostile_files import (
     M,
     assert_refused,
     cast,
@@ -46,6 +44,7 @@ from hostile_files import (  # the builders: one per kind of hostile file
     png_folder,
     recv_with,
     refine_args,
+    run_plan,  # the builders: one per kind of hostile file
     saved,
     scaled,
     snapshot,
@@ -66,8 +65,6 @@ from mrtf.cli.main import cli
 AS_HEADROOM = 5 << 28
 # CUDA off, one thread: the cases test refusals, not devices, and every thread's malloc arena
 # and stack is mapped address space.
-CASE_ENV = {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-            "MALLOC_ARENA_MAX": "2"}
 
 
 @pytest.fixture(scope="module")
@@ -252,15 +249,7 @@ for key, item in plan.items():
                 "exception": repr(res.exception)}}
 json.dump(out, open(sys.argv[2], "w"))
 """
-    (root / "plan.json").write_text(json.dumps(plan))
-    proc = subprocess.run([sys.executable, "-c", driver, str(root / "plan.json"),
-                           str(root / "results.json")], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, **CASE_ENV})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    results = json.loads((root / "results.json").read_text())
-    for key, item in plan.items():
-        results[key]["unchanged"] = snapshot(Path(item["dir"])) == item["before"]
-    return results
+    return run_plan(root, plan, driver)
 
 
 @pytest.mark.parametrize("case", REFUSED, ids=[c.id for c in REFUSED])

@@ -12,9 +12,6 @@ largest holds the 90 MB party name).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +36,7 @@ from hostile_files import (
     party,
     recv_with,
     refine_args,
+    run_plan,
     snapshot,
     soft_loop,
     soft_to_plain,
@@ -57,8 +55,6 @@ MAX_SECONDS = 20
 # the measured cases' address-space cap beyond what importing the CLI mapped (as in
 # tests/test_hostile_inputs.py); also what ``available_memory`` reports to the limits
 AS_HEADROOM = 2 << 30
-CASE_ENV = {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-            "MALLOC_ARENA_MAX": "2"}
 
 
 @pytest.fixture(scope="module")
@@ -321,15 +317,7 @@ for key, item in plan.items():
                 "seconds": time.perf_counter() - t, "growth": kib("VmHWM") - before}}
 json.dump(out, open(sys.argv[2], "w"))
 """
-    (root / "plan.json").write_text(json.dumps(plan))
-    proc = subprocess.run([sys.executable, "-c", driver, str(root / "plan.json"),
-                           str(root / "results.json")], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, **CASE_ENV})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    results = json.loads((root / "results.json").read_text())
-    for key, item in plan.items():
-        results[key]["unchanged"] = snapshot(Path(item["dir"])) == item["before"]
-    return results
+    return run_plan(root, plan, driver)
 
 
 @pytest.mark.parametrize("case", MEASURED, ids=[c.id for c in MEASURED])
