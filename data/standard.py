@@ -106,8 +106,8 @@ def _check_frame(name: str, frame: str) -> None:
     if frame not in FRAMES:
         raise InputError(f"frame must be one of {', '.join(FRAMES)}, got {frame!r}")
     if frame == "mnist" and name != "usps":
-        raise InputError(f"{name} is already in MNIST's frame (20×20 digits in 28×28); "
-                         f"framing (frame='mnist', :{FRAMED}) applies to usps only")
+        raise InputError(f"{name}: its digits are already in MNIST's frame; framing "
+                         f"(frame='mnist', :{FRAMED}) applies to usps only")
 
 
 def load_standard(name: str, split: str = "test", *, size: int | None = None,
