@@ -20,7 +20,8 @@ from mrtf.models import available_archs
 @click.command()
 @click.option("--dataset", default="mnist5k", show_default=True,
               help="Built-in dataset (digits, mnist5k, mnistm5k), a standard one (mnist, usps, "
-                   "mnistm; NAME:SPLIT, e.g. mnist:train; bare NAME = its test split; read "
+                   "mnistm; NAME[:SPLIT][:framed], e.g. mnist:train; bare NAME = its test "
+                   "split; usps:train:framed = USPS in MNIST's 20×20-in-28×28 frame; read "
                    "from $MRTF_DATA, see `mrtf data`) or an .h5 file with x and y.")
 @click.option("--clients", "-K", default=20, show_default=True, help="Number of clients K.")
 @click.option("--split", default="dirichlet:0.1", show_default=True,
