@@ -28,6 +28,8 @@ def say_account(result: RefineResult, out: Out) -> None:
         out.say(info["class_prior"]["line"])
     if "novelty" in info:  # the adaptive method's choice: distil the vote or adapt
         out.say(info["novelty"]["line"])
+    if "branch" in info:  # ... and, when both branches ran, which was kept
+        out.say(info["branch"]["line"])
     if "neighbour_vote" in info:
         nv = info["neighbour_vote"]
         out.say(f"neighbour vote (k = {nv['k']}, among {nv['reference']:,} samples): "
@@ -95,7 +97,8 @@ def summary(result: RefineResult, samples: int, opts: dict[str, Any], aggregate:
     return {"command": "refine", "method": cfg["method"], "variant": cfg["variant"],
             "samples": samples, "u_t": info["u_t"], "heterogeneous": info["heterogeneous"],
             "notes": info["notes"], "sources": info.get("sources"),
-            "novelty": info.get("novelty"), "class_prior": info.get("class_prior"),
+            "novelty": info.get("novelty"), "branch": info.get("branch"),
+            "class_prior": info.get("class_prior"),
             "neighbour_vote": info.get("neighbour_vote"), "parties": opts["parties"],
             "reliability": info.get("reliability"),
             "reliability_samples": info.get("reliability_samples"),

@@ -24,9 +24,10 @@ from mrtf.refinery import (
     teacher_logits,
 )
 from mrtf.refinery.distill import DistillRun, distill
+from mrtf.refinery.fit import adapt_settings
 from mrtf.refinery.neighbour_vote import final_probs
 from mrtf.refinery.pipeline import predict_probs
-from mrtf.refinery.shot import ShotSettings, shot_adapt
+from mrtf.refinery.shot import shot_adapt
 
 KW = {"in_channels": 1, "image_size": 8}
 CLASSES = ((0, 1), (2, 3), (4, 5))
@@ -156,17 +157,17 @@ def _claiming(received, loss):
 def test_adaptive_adapts_the_average_when_the_target_is_new_to_the_parties(demo):
     """Parties that fit their own data far better than they are sure on the target (here: they
     claim loss 0, their entropy on it is ~0.6 nats) share blind spots: the refined model is
-    θ_{t+1} adapted by SHOT under the same budget and seed, not the vote distilled, and then
-    distilled to its own neighbour vote with jitter (fit.settle)."""
+    θ_{t+1} adapted by SHOT (fit.adapt_settings) with the same seed, not the vote distilled,
+    and then distilled to its own neighbour vote with jitter (fit.settle)."""
     x, y = demo["x"], demo["y"]
     new = _claiming(demo["received"], 0.0)
     r = refine(new, ArraySource(x, y), _cfg(trust=False))
     assert r.info["novelty"]["adapt"] and r.info["novelty"]["gap"] > 0.1
     assert "adapted to it (SHOT, then distilled to its own neighbour vote)" in \
         r.info["novelty"]["line"]
+    assert r.info["branch"]["chosen"] == "adapt" and r.info["branch"]["by"] == "novelty"
     avg = refine(new, ArraySource(x), _cfg(method="fedavg")).model
-    shot = shot_adapt(copy.deepcopy(avg), ArraySource(x), ShotSettings(steps=15, batch_size=32),
-                      seed=0)
+    shot = shot_adapt(copy.deepcopy(avg), ArraySource(x), adapt_settings(), seed=0)
     cfg = _cfg(trust=False)
     voted, _ = final_probs(shot, ArraySource(x), cfg.vote_k, 256)
     settled = distill(copy.deepcopy(shot), ArraySource(x), voted.astype(np.float32),
@@ -181,11 +182,20 @@ def test_adaptive_adapts_the_average_when_the_target_is_new_to_the_parties(demo)
 
 
 @pytest.mark.parametrize("loss", [5.0, None])
-def test_adaptive_votes_when_the_target_looks_familiar_or_nobody_says(demo, loss):
+def test_adaptive_tries_both_when_the_target_looks_familiar_or_nobody_says(demo, loss):
+    """Without the novelty signal's say-so both branches run and the target's
+    neighbourhoods choose (branch_choice.py); the labels are the kept branch's."""
     r = refine(_claiming(demo["received"], loss), ArraySource(demo["x"]), _cfg(trust=False))
     assert not r.info["novelty"]["adapt"]
     assert (r.info["novelty"]["gap"] is None) == (loss is None)
-    assert "vote is distilled" in r.info["novelty"]["line"]
+    assert "both the vote and θ_{t+1} adapted are tried" in r.info["novelty"]["line"]
+    branch = r.info["branch"]
+    assert branch["by"] == "neighbours" and branch["chosen"] in ("vote", "adapt")
+    assert set(branch["excess"]) == {"vote", "adapt"}
+    kept = max(branch["excess"], key=branch["excess"].get)
+    assert branch["chosen"] == (kept if branch["excess"]["adapt"] != branch["excess"]["vote"]
+                                else "vote")
+    assert branch["line"].startswith(f"vote or adapt: {branch['chosen']}")
 
 
 def test_adaptive_does_not_collapse_on_dead_parties(demo):

@@ -55,9 +55,12 @@ def report(state: RefineState) -> RefineResult:
     assert plan is not None and state.model is not None and state.before is not None
     before = state.before
     t0 = time.perf_counter()
-    probs, vote = (before, None) if not state.taught else \
-        final_probs(state.model, state.source, config.vote_k, config.inference_batch,
-                    state.dev, config.stack)
+    if state.final is not None:  # made while choosing vote or adapt (methods/adaptive.py)
+        probs, vote = state.final
+    else:
+        probs, vote = (before, None) if not state.taught else \
+            final_probs(state.model, state.source, config.vote_k, config.inference_batch,
+                        state.dev, config.stack)
     timings["predict"] = time.perf_counter() - t0
     info = {"method": config.method, "variant": config.variant, "u_t": state.u,
             "teachers": len(plan.locals_), "heterogeneous": plan.heterogeneous,
@@ -69,6 +72,8 @@ def report(state: RefineState) -> RefineResult:
         info.update(adaptive_info(state.adaptive, probs, before))
     if state.novelty is not None:
         info["novelty"] = {**asdict(state.novelty), "line": state.novelty.line()}
+    if state.branch is not None:
+        info["branch"] = state.branch.to_dict()
     t0 = time.perf_counter()
     cal, entries = calibrated(probs, before, state.signals, info.get("estimated_accuracy"))
     info.update(entries)

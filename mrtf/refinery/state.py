@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from mrtf.refinery.adaptive import AdaptiveTargets
+from mrtf.refinery.branch_choice import BranchChoice
 from mrtf.refinery.config import RefineConfig
 from mrtf.refinery.novelty import Novelty
 from mrtf.refinery.registry import Method
@@ -50,6 +51,8 @@ class RefineState:
     neighbours : the target's own neighbourhoods (M, k) (mrtf.trust.neighbours).
     signals : the calibration's evidence (mrtf.trust.calibration.Signals).
     start_model : the model the fit starts from. model : the refined model.
+    branch, final : the adaptive default's vote-or-adapt choice (branch_choice.py) and the
+        kept branch's final_probs output, which the report then does not compute again.
     """
 
     received: Any
@@ -73,6 +76,8 @@ class RefineState:
     neighbours: np.ndarray | None = None
     signals: Any = None
     novelty: Novelty | None = None
+    branch: BranchChoice | None = None  # the adaptive default's vote-or-adapt choice
+    final: tuple | None = None  # the kept branch's (labels' probs, vote), made while choosing
     targets: np.ndarray | None = None
     adaptive: AdaptiveTargets | None = None
     start_model: nn.Module | None = None
