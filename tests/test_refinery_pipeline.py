@@ -182,20 +182,23 @@ def test_adaptive_adapts_the_average_when_the_target_is_new_to_the_parties(demo)
 
 
 @pytest.mark.parametrize("loss", [5.0, None])
-def test_adaptive_tries_both_when_the_target_looks_familiar_or_nobody_says(demo, loss):
-    """Without the novelty signal's say-so both branches run and the target's
-    neighbourhoods choose (branch_choice.py); the labels are the kept branch's."""
+def test_adaptive_votes_when_the_target_looks_familiar_or_nobody_says(demo, loss):
     r = refine(_claiming(demo["received"], loss), ArraySource(demo["x"]), _cfg(trust=False))
     assert not r.info["novelty"]["adapt"]
     assert (r.info["novelty"]["gap"] is None) == (loss is None)
-    assert "both the vote and θ_{t+1} adapted are tried" in r.info["novelty"]["line"]
-    branch = r.info["branch"]
-    assert branch["by"] == "neighbours" and branch["chosen"] in ("vote", "adapt")
-    assert set(branch["excess"]) == {"vote", "adapt"}
-    kept = max(branch["excess"], key=branch["excess"].get)
-    assert branch["chosen"] == (kept if branch["excess"]["adapt"] != branch["excess"]["vote"]
-                                else "vote")
-    assert branch["line"].startswith(f"vote or adapt: {branch['chosen']}")
+    assert "vote is distilled" in r.info["novelty"]["line"]
+    assert r.info["branch"] == {"chosen": "vote", "by": "vote",
+                                "line": r.info["branch"]["line"]}
+
+
+def test_adaptive_adapts_when_there_is_one_party(demo):
+    """One local model: nothing to vote over, so θ_{t+1} (here: that model) is adapted
+    (SHOT) and settled even though the target looks familiar."""
+    one = demo["received"].by_role("local")[:1] + demo["received"].by_role("global")
+    r = refine(_claiming(ReceivedSet(one, []), 5.0), ArraySource(demo["x"]), _cfg(trust=False))
+    assert not r.info["novelty"]["adapt"]
+    assert r.info["branch"]["chosen"] == "adapt" and r.info["branch"]["by"] == "one party"
+    assert "one party only" in r.info["branch"]["line"]
 
 
 def test_adaptive_does_not_collapse_on_dead_parties(demo):

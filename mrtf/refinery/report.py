@@ -55,12 +55,9 @@ def report(state: RefineState) -> RefineResult:
     assert plan is not None and state.model is not None and state.before is not None
     before = state.before
     t0 = time.perf_counter()
-    if state.final is not None:  # made while choosing vote or adapt (methods/adaptive.py)
-        probs, vote = state.final
-    else:
-        probs, vote = (before, None) if not state.taught else \
-            final_probs(state.model, state.source, config.vote_k, config.inference_batch,
-                        state.dev, config.stack)
+    probs, vote = (before, None) if not state.taught else \
+        final_probs(state.model, state.source, config.vote_k, config.inference_batch,
+                    state.dev, config.stack)
     timings["predict"] = time.perf_counter() - t0
     info = {"method": config.method, "variant": config.variant, "u_t": state.u,
             "teachers": len(plan.locals_), "heterogeneous": plan.heterogeneous,

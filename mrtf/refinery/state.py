@@ -51,8 +51,7 @@ class RefineState:
     neighbours : the target's own neighbourhoods (M, k) (mrtf.trust.neighbours).
     signals : the calibration's evidence (mrtf.trust.calibration.Signals).
     start_model : the model the fit starts from. model : the refined model.
-    branch, final : the adaptive default's vote-or-adapt choice (branch_choice.py) and the
-        kept branch's final_probs output, which the report then does not compute again.
+    branch : the adaptive default's vote-or-adapt choice (branch_choice.py).
     """
 
     received: Any
@@ -77,7 +76,6 @@ class RefineState:
     signals: Any = None
     novelty: Novelty | None = None
     branch: BranchChoice | None = None  # the adaptive default's vote-or-adapt choice
-    final: tuple | None = None  # the kept branch's (labels' probs, vote), made while choosing
     targets: np.ndarray | None = None
     adaptive: AdaptiveTargets | None = None
     start_model: nn.Module | None = None

@@ -9,9 +9,8 @@ neighbour vote. Its steps, as README "How adaptive works" numbers them, and wher
                                                   (refinery/adaptive.py, cluster.py)
 4. class prior: the consensus under both priors, the one the target's neighbourhoods
    follow better kept                             (prior_choice.py)
-5. vote or adapt: a target new to the parties (their novelty signal) → θ_{t+1} adapted
-   with SHOT and settled; otherwise both branches run and the labels that follow the
-   target's neighbourhoods better are kept          (:meth:`Adaptive.evidence`, novelty.py,
+5. vote or adapt: a target new to the parties (their novelty signal), or one party only
+   → θ_{t+1} adapted with SHOT and settled          (:meth:`Adaptive.evidence`, novelty.py,
                                                   :meth:`Adaptive.fit`, branch_choice.py,
                                                   fit.py, shot.py)
 6. distil: the student (θ_{t+1}, or θ_t when θ_{t+1} is dead) distilled to the consensus with
@@ -29,11 +28,10 @@ import numpy as np
 from torch import nn
 
 from mrtf.refinery.adaptive import ConsensusInputs, consensus_targets, input_independent
-from mrtf.refinery.branch_choice import BranchChoice, choose_branch
+from mrtf.refinery.branch_choice import choose_branch
 from mrtf.refinery.ensemble import stabilized_blocks
 from mrtf.refinery.fit import adapt_student, distil_student
 from mrtf.refinery.methods.base import Distilled
-from mrtf.refinery.neighbour_vote import final_probs
 from mrtf.refinery.novelty import target_novelty
 from mrtf.refinery.state import RefineState
 from mrtf.refinery.votes import SourceStats
@@ -95,25 +93,12 @@ class Adaptive(Distilled):
         return copy.deepcopy(plan.start)
 
     def fit(self, state: RefineState) -> nn.Module:
-        """Steps 5-6: adapted (SHOT) and settled when the parties' novelty signal says so;
-        else distilled to the consensus with jitter and, when there is a θ_{t+1} to adapt
-        and the target's neighbourhoods to judge by, also adapted, and the branch whose
-        labels follow the neighbourhoods better kept (branch_choice.py)."""
-        assert state.targets is not None and state.plan is not None
-        config, plan = state.config, state.plan
+        """Steps 5-6: adapted (SHOT) and settled when branch_choice.py says so (the target is
+        new to the parties, or there is one party); else distilled to the consensus with
+        jitter."""
+        assert state.targets is not None
         start = self.start_model(state)
-        if state.novelty is not None and state.novelty.adapt:
-            state.branch = BranchChoice("adapt", "novelty")
-            return adapt_student(start, state.source, config, state.dev, state.spilled)
-        if state.novelty is None or state.neighbours is None or start is not plan.student:
-            return distil_student(start, state.source, state.targets, config, state.dev)
-        adapt_start = copy.deepcopy(plan.student)  # distillation trains ``start`` in place
-        models = {"vote": distil_student(start, state.source, state.targets, config, state.dev),
-                  "adapt": adapt_student(adapt_start, state.source, config, state.dev,
-                                         state.spilled)}
-        finals = {b: final_probs(m, state.source, config.vote_k, config.inference_batch,
-                                 state.dev, config.stack) for b, m in models.items()}
-        state.branch = choose_branch(finals["vote"][0].argmax(1), finals["adapt"][0].argmax(1),
-                                     state.neighbours)
-        state.final = finals[state.branch.chosen]
-        return models[state.branch.chosen]
+        state.branch = choose_branch(state.novelty, state.num_local)
+        if state.branch is not None and state.branch.chosen == "adapt":
+            return adapt_student(start, state.source, state.config, state.dev, state.spilled)
+        return distil_student(start, state.source, state.targets, state.config, state.dev)
