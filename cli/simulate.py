@@ -180,7 +180,7 @@ def _recipe(name: str | None) -> dict:
 
 def evaluation_run(out: Out, opts: dict, run_opts: dict) -> None:
     """``mrtf simulate --config/--methods/--out``: defaults < config file < explicit flags."""
-    from mrtf.federated.runner import run
+    from mrtf.federated.runner import RunHooks, run
 
     data: dict = _recipe(run_opts["recipe"])
     if run_opts["resume"] and run_opts["run_out"] is not None:
@@ -218,8 +218,8 @@ def evaluation_run(out: Out, opts: dict, run_opts: dict) -> None:
                     f"{cfg.rounds}  accuracy {rec['accuracy']:.4f}  {rec['seconds']:.1f}s")
 
     result = run(cfg, cfg.out, resume=run_opts["resume"], force=opts["force"],
-                 progress=out.progress, device=opts["device"], on_record=show,
-                 on_warning=out.warn, listeners=exports.listeners)
+                 progress=out.progress, device=opts["device"],
+                 hooks=RunHooks(show, out.warn, exports.listeners))
     written = say_exports(exports, out)
     for method, s in result.summary.items():
         out.say(f"{method:<7} final {s['final_mean']:.4f} ± {s['final_std']:.4f}  best of last "

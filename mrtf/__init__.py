@@ -26,7 +26,7 @@ __version__ = "0.1.0"
 _PUBLIC = {
     "refine": "mrtf.refinery.pipeline",
     "RefineConfig": "mrtf.refinery.config",
-    "RefineResult": "mrtf.refinery.result",
+    "RefineResult": "mrtf.refinery.pipeline",
     "fuse": "mrtf.datafree.fuse",
     "FusionConfig": "mrtf.datafree.config",
     "FusionResult": "mrtf.datafree.fuse",
@@ -54,8 +54,7 @@ if TYPE_CHECKING:  # for type checkers and the API reference; nothing is importe
     from mrtf.io.hdf5 import ArraySource, H5Dataset
     from mrtf.labeling import LabelResult, label
     from mrtf.refinery.config import RefineConfig
-    from mrtf.refinery.pipeline import refine
-    from mrtf.refinery.result import RefineResult
+    from mrtf.refinery.pipeline import RefineResult, refine
 
 
 def __getattr__(name: str) -> Any:

@@ -31,8 +31,7 @@ from mrtf.refinery.config import METHOD_SPECS, METHODS, VARIANTS, RefineConfig
 from mrtf.refinery.ensemble import ensemble_targets
 from mrtf.refinery.plan import check_fits, check_parties, newest_locals, plan_models
 from mrtf.refinery.registry import get_method
-from mrtf.refinery.report import accuracy_of, report
-from mrtf.refinery.result import RefineResult
+from mrtf.refinery.report import RefineResult, accuracy_of, report
 from mrtf.refinery.state import RefineState
 from mrtf.refinery.storage import open_storage
 from mrtf.refinery.teach import teach
