@@ -186,7 +186,7 @@ def _refined(method: str, **extra) -> Method:
     def run(received, target, seed: int) -> tuple[np.ndarray, dict]:
         res = refine(received, target, RefineConfig(method=method, seed=seed, progress=False,
                                                     **extra))
-        novelty = res.info.get("novelty", {}).get("line")
+        novelty = None if res.novelty is None else res.novelty.line()
         return res.probs, {"timings": res.timings} | ({"novelty": novelty} if novelty else {})
     return run
 

@@ -189,9 +189,9 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, outs: Outputs,
     say_selection(selection, cal.confidence, out)
     # the model distillation starts from: the parameter average, or the given student
     # (heterogeneous parties have no average), named as what it is in text and JSON
-    own = result.info["heterogeneous"] or student is not None
+    own = result.heterogeneous or student is not None
     accuracy = scores(result, source.labels(), own, selection, out)
-    config = {**result.info["config"], "u_t": result.info["u_t"]}
+    config = result.run_config()
     # every output is written to its temporary file first, then they are renamed together
     labels = LabelSet.from_probs(
         result.probs, source.ids(), cal.confidence,
