@@ -152,7 +152,7 @@ def test_adaptive_reports_every_source_and_a_label_free_estimate(demo):
     assert list(d) == ["method", "variant", "u_t", "teachers", "heterogeneous", "notes",
                        "config", "neighbour_vote", "sources", "trust", "consensus_confidence",
                        "cluster_weight", "debias_strength", "class_prior",
-                       "estimated_accuracy", "novelty", "calibration", "reliability",
+                       "estimated_accuracy", "novelty", "branch", "calibration", "reliability",
                        "verdicts", "aggregate", "basin"]
     assert list(d["class_prior"]) == ["chosen", "agreement", "chance", "excess", "line"]
     assert d["class_prior"]["line"] == prior.line
