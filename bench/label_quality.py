@@ -68,6 +68,16 @@ def _shot(received, target, seed: int) -> tuple[np.ndarray, dict]:
     return predict_probs(model, target), {}
 
 
+def _shot_paper(received, target, seed: int) -> tuple[np.ndarray, dict]:
+    """SHOT's own digit recipe (ShotSettings.paper) on the parameter average."""
+    from mrtf.refinery import predict_probs
+    from mrtf.refinery.shot import ShotSettings, shot_adapt
+
+    avg = refine(received, target, RefineConfig(method="fedavg", progress=False)).model
+    model = shot_adapt(avg, target, ShotSettings.paper(), seed=seed)
+    return predict_probs(model, target), {}
+
+
 METHODS: dict[str, Callable] = {
     "fedavg": _refined("fedavg"),
     "ensemble": _ensemble,
@@ -76,6 +86,7 @@ METHODS: dict[str, Callable] = {
     "st+rd": _refined("st+rd"),
     "mrtf": _refined("mrtf", clr_min_round=0),  # paper MrTF, CLR in every cell
     "shot": _shot,
+    "shot-paper": _shot_paper,
     "adaptive": _refined("adaptive"),  # the default: class prior "auto"
     # the same with the class prior fixed: learned from the votes (the default until
     # 2026-11-23), or told the target's classes are balanced (they are, in every cell here)

@@ -30,6 +30,8 @@ def say_account(result: RefineResult, out: Out) -> None:
             out.say(result.consensus.class_prior.line)
     if result.novelty is not None:  # the adaptive method's choice: distil the vote or adapt
         out.say(result.novelty.line())
+    if result.branch is not None:  # ... and which branch ran, and why
+        out.say(result.branch.line())
     if result.neighbour_vote is not None:
         out.say(result.neighbour_vote.line())
     cal = result.calibration
@@ -93,7 +95,8 @@ def summary(result: RefineResult, samples: int, opts: dict[str, Any], aggregate:
     return {"command": "refine", "method": info["method"], "variant": info["variant"],
             "samples": samples, "u_t": info["u_t"], "heterogeneous": info["heterogeneous"],
             "notes": info["notes"], "sources": info.get("sources"),
-            "novelty": info.get("novelty"), "class_prior": info.get("class_prior"),
+            "novelty": info.get("novelty"), "branch": info.get("branch"),
+            "class_prior": info.get("class_prior"),
             "neighbour_vote": info.get("neighbour_vote"), "parties": opts["parties"],
             "reliability": info.get("reliability"),
             "reliability_samples": info.get("reliability_samples"),

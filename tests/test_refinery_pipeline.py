@@ -24,9 +24,10 @@ from mrtf.refinery import (
     teacher_logits,
 )
 from mrtf.refinery.distill import DistillRun, distill
+from mrtf.refinery.fit import adapt_settings
 from mrtf.refinery.neighbour_vote import final_probs
 from mrtf.refinery.pipeline import predict_probs
-from mrtf.refinery.shot import ShotSettings, shot_adapt
+from mrtf.refinery.shot import shot_adapt
 
 KW = {"in_channels": 1, "image_size": 8}
 CLASSES = ((0, 1), (2, 3), (4, 5))
@@ -151,7 +152,7 @@ def test_adaptive_reports_every_source_and_a_label_free_estimate(demo):
     assert list(d) == ["method", "variant", "u_t", "teachers", "heterogeneous", "notes",
                        "config", "neighbour_vote", "sources", "trust", "consensus_confidence",
                        "cluster_weight", "debias_strength", "class_prior",
-                       "estimated_accuracy", "novelty", "calibration", "reliability",
+                       "estimated_accuracy", "novelty", "branch", "calibration", "reliability",
                        "verdicts", "aggregate", "basin"]
     assert list(d["class_prior"]) == ["chosen", "agreement", "chance", "excess", "line"]
     assert d["class_prior"]["line"] == prior.line
@@ -172,17 +173,17 @@ def _claiming(received, loss):
 def test_adaptive_adapts_the_average_when_the_target_is_new_to_the_parties(demo):
     """Parties that fit their own data far better than they are sure on the target (here: they
     claim loss 0, their entropy on it is ~0.6 nats) share blind spots: the refined model is
-    θ_{t+1} adapted by SHOT under the same budget and seed, not the vote distilled, and then
-    distilled to its own neighbour vote with jitter (fit.settle)."""
+    θ_{t+1} adapted by SHOT (fit.adapt_settings) with the same seed, not the vote distilled,
+    and then distilled to its own neighbour vote with jitter (fit.settle)."""
     x, y = demo["x"], demo["y"]
     new = _claiming(demo["received"], 0.0)
     r = refine(new, ArraySource(x, y), _cfg(trust=False))
     assert r.novelty.adapt and r.novelty.gap > 0.1
     assert "adapted to it (SHOT, then distilled to its own neighbour vote)" in \
         r.novelty.line()
+    assert r.branch.chosen == "adapt" and r.branch.by == "novelty"
     avg = refine(new, ArraySource(x), _cfg(method="fedavg")).model
-    shot = shot_adapt(copy.deepcopy(avg), ArraySource(x), ShotSettings(steps=15, batch_size=32),
-                      seed=0)
+    shot = shot_adapt(copy.deepcopy(avg), ArraySource(x), adapt_settings(), seed=0)
     cfg = _cfg(trust=False)
     voted, _ = final_probs(shot, ArraySource(x), cfg.vote_k, 256)
     settled = distill(copy.deepcopy(shot), ArraySource(x), voted.astype(np.float32),
@@ -202,6 +203,18 @@ def test_adaptive_votes_when_the_target_looks_familiar_or_nobody_says(demo, loss
     assert not r.novelty.adapt
     assert (r.novelty.gap is None) == (loss is None)
     assert "vote is distilled" in r.novelty.line()
+    assert (r.branch.chosen, r.branch.by) == ("vote", "vote")
+
+
+def test_adaptive_adapts_when_there_is_one_party(demo):
+    """One local model: nothing to vote over, so θ_{t+1} (here: that model) is adapted
+    (SHOT) and settled even though the target looks familiar."""
+    one = demo["received"].by_role("local")[:1] + demo["received"].by_role("global")
+    r = refine(_claiming(ReceivedSet(one, []), 5.0), ArraySource(demo["x"]), _cfg(trust=False))
+    assert not r.novelty.adapt
+    assert (r.branch.chosen, r.branch.by) == ("adapt", "one party")
+    assert "one party only" in r.branch.line()
+    assert r.to_dict()["branch"]["by"] == "one party"
 
 
 def test_adaptive_does_not_collapse_on_dead_parties(demo):

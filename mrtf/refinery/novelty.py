@@ -53,10 +53,10 @@ class Novelty:
     def line(self) -> str:
         if self.gap is None:
             return ("target novelty: unknown (fewer than half of the parties reported a "
-                    "training loss), so the parties' vote is distilled")
+                    "training loss), so the parties' vote is distilled (unless one party only)")
         what = ("new to the parties: θ_{t+1} is adapted to it (SHOT, then distilled to its "
                 "own neighbour vote), their shared errors would outvote it" if self.adapt
-                else "like the parties' data: their vote is distilled")
+                else "like the parties' data: their vote is distilled (unless one party only)")
         return (f"target novelty: the parties' entropy on it {self.target_entropy:.3f} vs "
                 f"their training loss {self.train_loss:.3f} nats (gap {self.gap:+.3f}, "
                 f"threshold {NOVELTY_GAP}): {what}")

@@ -46,4 +46,5 @@ def report(state: RefineState) -> RefineResult:
         neighbour_vote=None if vote is None else vote.summary(),
         consensus=None if state.adaptive is None else consensus_account(state.adaptive),
         novelty=state.novelty,
-        parties=None if state.trusted is None else state.trusted.checks(config.aggregate))
+        parties=None if state.trusted is None else state.trusted.checks(config.aggregate),
+        branch=state.branch)

@@ -11,6 +11,7 @@ import numpy as np
 from torch import nn
 
 from mrtf.refinery.adaptive import SourceTrust
+from mrtf.refinery.branch_choice import BranchChoice
 from mrtf.refinery.config import RefineConfig
 from mrtf.refinery.neighbour_vote import NeighbourVoteSummary
 from mrtf.refinery.novelty import Novelty
@@ -159,7 +160,8 @@ class RefineResult:
     streaming: whether the teachers' outputs were spilled to disk (refine --stream).
     accuracy: the label-free accuracy estimate. neighbour_vote: the vote's summary (None:
     the labels are the model's own). consensus: the adaptive method's account (None for
-    the other methods). novelty: the adaptive method's vote-or-adapt choice (novelty.py;
+    the other methods). novelty: the parties' novelty signal (novelty.py; None for the
+    others). branch: the adaptive method's vote-or-adapt choice and why (branch_choice.py;
     None for the others). parties: the trust layer's verdicts (None when it was off).
     """
 
@@ -181,6 +183,7 @@ class RefineResult:
     consensus: ConsensusAccount | None = None
     novelty: Novelty | None = None
     parties: PartyChecks | None = None
+    branch: BranchChoice | None = None
 
     def run_config(self) -> dict[str, Any]:
         """The settings the run used with its u_t, as the labels file and the refined model's
@@ -191,7 +194,7 @@ class RefineResult:
         """The run's account in plain JSON-able types (no arrays, no model), with the keys
         of ``mrtf refine --json``: method, variant, u_t, teachers, heterogeneous, notes,
         config, streaming (only when true), neighbour_vote, the consensus' (sources, trust,
-        consensus_confidence, cluster_weight, debias_strength, class_prior), novelty,
+        consensus_confidence, cluster_weight, debias_strength, class_prior), novelty, branch,
         estimated_accuracy, calibration, the parties' (reliability, verdicts, aggregate,
         reliability_samples, basin); a group's keys only where it exists."""
         out: dict[str, Any] = {"method": self.config.method, "variant": self.config.variant,
@@ -208,6 +211,8 @@ class RefineResult:
                 out["estimated_accuracy"] = None
         if self.novelty is not None:
             out["novelty"] = self.novelty.to_dict()
+        if self.branch is not None:
+            out["branch"] = self.branch.to_dict()
         out["estimated_accuracy"] = self.accuracy.to_dict()
         out["calibration"] = None if self.calibration is None else self.calibration.attrs()
         if self.parties is not None:

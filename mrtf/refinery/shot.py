@@ -56,6 +56,8 @@ class ShotSettings:
         Nesterov, weight decay 1e-3, lr·(1 + 10·i/N)^−0.75 over the N steps (mrtf/schedule.py).
     epochs : > 0 sets the steps to ``epochs`` passes over the target, ceil(M / batch_size)
         steps each (SHOT: 30), instead of ``steps``.
+    max_steps : > 0 caps the steps ``epochs`` gives (a large target: SHOT's 30 passes over a
+        million rows would be 470,000 steps); 0 = no cap (SHOT's recipe as published).
 
     ``ShotSettings()`` is the project's tuned baseline (the adaptive default's SHOT branch);
     :meth:`paper` is SHOT's own digit recipe.
@@ -70,6 +72,7 @@ class ShotSettings:
     cluster_iters: int = 2
     optimizer: str = "adam"
     epochs: int = 0
+    max_steps: int = 0
 
     @classmethod
     def paper(cls, epochs: int = 30) -> ShotSettings:
@@ -84,7 +87,8 @@ class ShotSettings:
     def num_steps(self, m: int) -> int:
         """Optimiser steps on a target of ``m`` samples."""
         if self.epochs > 0:
-            return self.epochs * math.ceil(m / min(self.batch_size, max(m, 1)))
+            steps = self.epochs * math.ceil(m / min(self.batch_size, max(m, 1)))
+            return min(steps, self.max_steps) if self.max_steps > 0 else steps
         return self.steps
 
     def validate(self) -> None:
@@ -101,6 +105,7 @@ class ShotSettings:
             (self.optimizer in OPTIMIZERS,
              f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}"),
             (self.epochs >= 0, f"epochs must be >= 0 (0 = use steps), got {self.epochs}"),
+            (self.max_steps >= 0, f"max_steps must be >= 0 (0 = no cap), got {self.max_steps}"),
         ]
         for ok, msg in checks:  # `not ok` (not a negated comparison) also rejects NaN
             if not ok:

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from mrtf.refinery.adaptive import AdaptiveTargets
+from mrtf.refinery.branch_choice import BranchChoice
 from mrtf.refinery.config import RefineConfig
 from mrtf.refinery.novelty import Novelty
 from mrtf.refinery.registry import Method
@@ -50,6 +51,7 @@ class RefineState:
     neighbours : the target's own neighbourhoods (M, k) (mrtf.trust.neighbours).
     signals : the calibration's evidence (mrtf.trust.calibration.Signals).
     start_model : the model the fit starts from. model : the refined model.
+    branch : the adaptive default's vote-or-adapt choice (branch_choice.py).
     """
 
     received: Any
@@ -73,6 +75,7 @@ class RefineState:
     neighbours: np.ndarray | None = None
     signals: Any = None
     novelty: Novelty | None = None
+    branch: BranchChoice | None = None  # the adaptive default's vote-or-adapt choice
     targets: np.ndarray | None = None
     adaptive: AdaptiveTargets | None = None
     start_model: nn.Module | None = None

@@ -9,8 +9,9 @@ neighbour vote. Its steps, as README "How adaptive works" numbers them, and wher
                                                   (refinery/adaptive.py, cluster.py)
 4. class prior: the consensus under both priors, the one the target's neighbourhoods
    follow better kept                             (prior_choice.py)
-5. vote or adapt: a target new to the parties → θ_{t+1} adapted with SHOT and settled
-                                                  (:meth:`Adaptive.evidence`, novelty.py,
+5. vote or adapt: a target new to the parties (their novelty signal), or one party only
+   → θ_{t+1} adapted with SHOT and settled          (:meth:`Adaptive.evidence`, novelty.py,
+                                                  :meth:`Adaptive.fit`, branch_choice.py,
                                                   fit.py, shot.py)
 6. distil: the student (θ_{t+1}, or θ_t when θ_{t+1} is dead) distilled to the consensus with
    its inputs jittered                            (:meth:`Adaptive.fit`, fit.py, augment.py)
@@ -27,8 +28,9 @@ import numpy as np
 from torch import nn
 
 from mrtf.refinery.adaptive import ConsensusInputs, consensus_targets, input_independent
+from mrtf.refinery.branch_choice import choose_branch
 from mrtf.refinery.ensemble import stabilized_blocks
-from mrtf.refinery.fit import fit_student
+from mrtf.refinery.fit import adapt_student, distil_student
 from mrtf.refinery.methods.base import Distilled
 from mrtf.refinery.novelty import target_novelty
 from mrtf.refinery.state import RefineState
@@ -91,8 +93,12 @@ class Adaptive(Distilled):
         return copy.deepcopy(plan.start)
 
     def fit(self, state: RefineState) -> nn.Module:
-        """Steps 5-6: distilled to the consensus with jitter, or adapted (SHOT) and settled."""
+        """Steps 5-6: adapted (SHOT) and settled when branch_choice.py says so (the target is
+        new to the parties, or there is one party); else distilled to the consensus with
+        jitter."""
         assert state.targets is not None
-        return fit_student(self.start_model(state), state.source, state.targets, state.config,
-                           state.dev, state.novelty, state.spilled)
-
+        start = self.start_model(state)
+        state.branch = choose_branch(state.novelty, state.num_local)
+        if state.branch is not None and state.branch.chosen == "adapt":
+            return adapt_student(start, state.source, state.config, state.dev, state.spilled)
+        return distil_student(start, state.source, state.targets, state.config, state.dev)

@@ -7,7 +7,7 @@ import numpy as np
 from torch import nn
 
 from mrtf.refinery.config import RefineConfig
-from mrtf.refinery.fit import fit_student
+from mrtf.refinery.fit import distil_student
 from mrtf.refinery.registry import Method
 from mrtf.refinery.state import RefineState
 
@@ -22,8 +22,8 @@ class Distilled(Method):
 
     def fit(self, state: RefineState) -> nn.Module:
         assert state.targets is not None
-        return fit_student(self.start_model(state), state.source, state.targets, state.config,
-                           state.dev, None, state.spilled)
+        return distil_student(self.start_model(state), state.source, state.targets,
+                              state.config, state.dev)
 
 
 class Ensemble(Distilled):
