@@ -17,6 +17,12 @@ self-regularisation term L_self: the sample itself is left in the expanded neigh
 it appears, with affinity r, once for each neighbour that has it among its nearest (the
 README: "the occurrence frequency of self feature acts as a dynamic weight").
 
+The code as PyTorch runs it differs from the paper in one more place: it fills the expanded
+neighbours' weights in place through ``weight.unsqueeze(-1).expand(...)``, a view of the
+reciprocal weights, so these become r too and every one of the K neighbours gets affinity r.
+``NrcSettings(mutual=0.1)`` is that code-as-run variant; the default, ``mutual = 1``, is the
+paper's A_ik.
+
 Settings (:class:`NrcSettings`): the method's constants are the code's VisDA defaults (K 5,
 KK 5, r 0.1, ε 1e-5, batch 64, SGD + SHOT's schedule; the paper has no digit experiment); the
 schedule's length and rate are SHOT's digit recipe, lr 0.01 for the whole network and 30
@@ -49,14 +55,17 @@ class NrcSettings:
 
     k : neighbours per sample, N_K (``--K 5``). kk : neighbours of each neighbour, E_KK, also
     the reciprocity test's (``--KK 5``). r : the affinity of non-reciprocal and expanded
-    neighbours (0.1). eps : inside log p̄ (``--epsilon 1e-5``). epochs, batch_size : SHOT's
-    digit 30 (the VisDA code's ``--max_epoch 15``), ``--batch_size 64``. lr : SGD's initial
-    learning rate for every parameter (SHOT's digit 0.01).
+    neighbours (0.1). mutual : the affinity of reciprocal neighbours (the paper's 1; the
+    authors' code, as it runs, 0.1: see the module's note). eps : inside log p̄
+    (``--epsilon 1e-5``). epochs, batch_size : SHOT's digit 30 (the VisDA code's
+    ``--max_epoch 15``), ``--batch_size 64``. lr : SGD's initial learning rate for every
+    parameter (SHOT's digit 0.01).
     """
 
     k: int = 5
     kk: int = 5
     r: float = 0.1
+    mutual: float = 1.0
     eps: float = 1e-5
     epochs: int = 30
     batch_size: int = 64
@@ -69,18 +78,19 @@ class NrcSettings:
         check_recipe("NRC", self)
         for ok, msg in [(self.k >= 1 and self.kk >= 1,
                          f"k and kk must be >= 1, got {self.k} and {self.kk}"),
-                        (0 <= self.r < math.inf, f"r must be finite and >= 0, got {self.r}"),
+                        (0 <= self.r < math.inf and 0 <= self.mutual < math.inf,
+                         f"r and mutual must be finite and >= 0, got {self.r} and {self.mutual}"),
                         (0 < self.eps < math.inf, f"eps must be finite and > 0, got {self.eps}")]:
             if not ok:
                 raise InputError(f"NRC: {msg}")
 
 
-def reciprocal_affinity(rows: torch.Tensor, neighbours_of_neighbours: torch.Tensor, r: float
-                        ) -> torch.Tensor:
-    """A_ik (B, K): 1 where neighbour k of sample ``rows[i]`` has it among its own KK nearest
-    (``neighbours_of_neighbours`` (B, K, KK)), else ``r``."""
-    mutual = (neighbours_of_neighbours == rows.view(-1, 1, 1)).any(-1)
-    return torch.where(mutual, 1.0, r).to(torch.float32)
+def reciprocal_affinity(rows: torch.Tensor, neighbours_of_neighbours: torch.Tensor, r: float,
+                        mutual: float = 1.0) -> torch.Tensor:
+    """A_ik (B, K): ``mutual`` (the paper: 1) where neighbour k of sample ``rows[i]`` has it
+    among its own KK nearest (``neighbours_of_neighbours`` (B, K, KK)), else ``r``."""
+    is_mutual = (neighbours_of_neighbours == rows.view(-1, 1, 1)).any(-1)
+    return torch.where(is_mutual, mutual, r).to(torch.float32)
 
 
 def diversity(probs: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
@@ -113,7 +123,7 @@ def nrc_objective(settings: NrcSettings):
         m = len(banks.features)
         near = banks.neighbours(rows, min(settings.k, m - 1))
         near_near = expanded_neighbours(banks, near, min(settings.kk, m - 1))
-        affinity = reciprocal_affinity(rows, near_near, settings.r)
+        affinity = reciprocal_affinity(rows, near_near, settings.r, settings.mutual)
         expanded = banks.scores[near_near].flatten(1, 2)
         return nrc_loss(probs, banks.scores[near], affinity, expanded, settings)
     return objective

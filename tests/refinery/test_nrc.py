@@ -93,3 +93,14 @@ def test_nrc_adapts_a_shifted_toy_problem():
     assert 0.7 < before < 0.8
     adapted = nrc_adapt(copy.deepcopy(model), target, NrcSettings(), seed=0)
     assert accuracy(adapted, target, y) > before + 0.1
+
+
+def test_the_code_as_run_variant_gives_every_neighbour_r():
+    # the authors' code fills the expanded weights through an expanded view of the reciprocal
+    # weights; PyTorch writes through, so those become r as well (nrc.py's module note)
+    weight = torch.tensor([[1.0, 0.1], [1.0, 1.0]])
+    weight.unsqueeze(-1).expand(-1, -1, 3).fill_(0.1)
+    np.testing.assert_allclose(weight, 0.1)
+    rows, nn_of_nn = torch.tensor([0]), torch.tensor([[[0, 4], [5, 6]]])
+    np.testing.assert_allclose(reciprocal_affinity(rows, nn_of_nn, 0.1, mutual=0.1), [[0.1, 0.1]])
+    np.testing.assert_allclose(reciprocal_affinity(rows, nn_of_nn, 0.1), [[1.0, 0.1]])
