@@ -82,7 +82,7 @@ def test_the_objective_composes_the_pieces():
 def test_bad_settings_are_one_clear_line():
     with pytest.raises(InputError, match="NRC: k and kk"):
         nrc_adapt(torch.nn.Linear(2, 2), None, NrcSettings(kk=0))
-    with pytest.raises(InputError, match="NRC: r must"):
+    with pytest.raises(InputError, match="NRC: r and mutual must"):
         nrc_adapt(torch.nn.Linear(2, 2), None, NrcSettings(r=-1.0))
 
 
