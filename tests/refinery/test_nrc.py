@@ -70,11 +70,11 @@ def test_the_objective_composes_the_pieces():
     banks = _line_banks()
     rows = torch.tensor([0, 3])
     p = _probs(2, 3, seed=5)
-    s = NrcSettings(k=2, kk=2)
+    s = NrcSettings(k=2, kk=2, mutual=0.5)
     near = torch.tensor([[1, 2], [4, 5]])
     nn_of_nn = torch.tensor([[[0, 2], [1, 0]], [[5, 3], [4, 3]]])
-    aff = reciprocal_affinity(rows, nn_of_nn, s.r)
-    np.testing.assert_allclose(aff, [[1.0, 1.0], [1.0, 1.0]])
+    aff = reciprocal_affinity(rows, nn_of_nn, s.r, s.mutual)
+    np.testing.assert_allclose(aff, [[0.5, 0.5], [0.5, 0.5]])  # all four are reciprocal
     want = nrc_loss(p, banks.scores[near], aff, banks.scores[nn_of_nn].flatten(1, 2), s)
     assert float(nrc_objective(s)(p, rows, banks, 0.0)) == pytest.approx(float(want), abs=1e-6)
 
@@ -95,7 +95,8 @@ def test_nrc_adapts_a_shifted_toy_problem():
     assert accuracy(adapted, target, y) > before + 0.1
 
 
-def test_the_code_as_run_variant_gives_every_neighbour_r():
+def test_the_default_is_the_code_as_run_every_neighbour_r():
+    assert NrcSettings().mutual == NrcSettings().r == 0.1
     # the authors' code fills the expanded weights through an expanded view of the reciprocal
     # weights; PyTorch writes through, so those become r as well (nrc.py's module note)
     weight = torch.tensor([[1.0, 0.1], [1.0, 1.0]])
