@@ -84,3 +84,15 @@ def test_the_cli_refines_with_each_method_end_to_end(method, digits_federation, 
     with h5py.File(labels) as f:
         assert f["labels"].shape == (300,) and f.attrs["method"] == method
         np.testing.assert_array_equal(f["labels"][:], f["probs"][:].argmax(1))
+
+
+@pytest.mark.parametrize("method", sorted(ADAPTERS))
+def test_streaming_gives_the_same_labels(method, digits_federation, tmp_path):
+    torch.set_num_threads(1)
+    received = load_received(digits_federation[0])
+    with H5Dataset(digits_federation[1]) as target:
+        mem = refine(received, target, _cfg(method, stream="off"))
+        out = refine(received, target, _cfg(method, stream="on", scratch_dir=str(tmp_path)))
+    assert out.info.get("streaming") and not mem.info.get("streaming")
+    np.testing.assert_array_equal(out.probs, mem.probs)
+    assert list(tmp_path.iterdir()) == []  # the scratch folder is gone
