@@ -218,6 +218,8 @@ METHODS: dict[str, Method] = {
     "shot": _shot(ShotSettings.paper()),  # SHOT's target recipe
     "adaptive": _refined("adaptive"),  # the default
     "shot-mrtf": _shot(ShotSettings()),  # the project's SHOT settings (Adam, 500 steps)
+    "aad": _refined("aad"),  # AaD adapting θ_{t+1} (docs/source-free.md)
+    "nrc": _refined("nrc"),  # NRC adapting θ_{t+1}
 }
 COLUMNS = ("fedavg", "ensemble", "feddf", "st", "mrtf", "shot", "adaptive")
 

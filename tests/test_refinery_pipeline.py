@@ -103,7 +103,8 @@ def test_vmap_with_batchnorm_in_eval():
                                atol=1e-5)
 
 
-@pytest.mark.parametrize("method", ["fedavg", "feddf", "st", "st+rd", "mrtf", "adaptive"])
+@pytest.mark.parametrize("method", ["fedavg", "feddf", "st", "st+rd", "mrtf", "adaptive", "shot",
+                                    "aad", "nrc"])
 def test_methods_run_and_ignore_y(demo, method):
     y = demo["y"]
     a = refine(demo["received"], ArraySource(demo["x"], y), _cfg(method=method))

@@ -30,7 +30,9 @@ def report(state: RefineState) -> RefineResult:
     assert plan is not None and state.model is not None and state.before is not None
     before = state.before
     t0 = time.perf_counter()
-    probs, vote = (before, None) if not state.taught else \
+    # θ_{t+1} as it is (fedavg): `before` is its softmax; an adapted one (shot, aad) is predicted
+    unchanged = not state.taught and state.model is state.self_model
+    probs, vote = (before, None) if unchanged else \
         final_probs(state.model, state.source, config.vote_k, config.inference_batch,
                     state.dev, config.stack)
     timings["predict"] = time.perf_counter() - t0

@@ -54,7 +54,7 @@ def attach_consensus(signals: Signals | None, targets: np.ndarray) -> None:
 
 def calibration_of(probs: np.ndarray, signals):
     if signals is None:
-        return uncalibrated(probs, why="no teachers ran (method fedavg), so there are no "
+        return uncalibrated(probs, why="no teachers ran (the method has none), so there are no "
                                        "signals to calibrate with")
     return calibrate(probs, signals)
 
