@@ -4,6 +4,7 @@ a module with a :class:`~mrtf.refinery.registry.Method` subclass and one line be
 ``register_method`` call of its own)."""
 
 from mrtf.refinery.methods.adaptive import Adaptive
+from mrtf.refinery.methods.decision import Decision
 from mrtf.refinery.methods.fedavg import FedAvg
 from mrtf.refinery.methods.feddf import FedDF
 from mrtf.refinery.methods.mrtf import MrTF
@@ -14,5 +15,6 @@ from mrtf.refinery.registry import METHODS, Method, get_method, register_method
 BUILT_IN = (Adaptive(), FedAvg(), FedDF(), ST(), STRD(), MrTF())
 for _method in BUILT_IN:
     register_method(_method)
+register_method(Decision())  # multi-source adaptation (DECISION), after the paper's methods
 
 __all__ = ["BUILT_IN", "METHODS", "Method", "get_method", "register_method"]
