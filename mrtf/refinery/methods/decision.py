@@ -31,7 +31,7 @@ class Decision(Distilled):
     name = "decision"
     summary = ("DECISION: every local model adapted to the target (head frozen) with learned "
                "source weights, the student distilled to their weighted ensemble (decision.py)")
-    help = "local models adapted together with learned source weights (DECISION)"
+    help = "every local model adapted to the target with learned source weights, DECISION"
     teachers = "locals"
 
     #: the adapter's settings (paper's defaults; decision.py states the cost choice)
