@@ -213,3 +213,16 @@ def test_the_method_refuses_a_party_it_cannot_adapt_before_the_data_pass():
         Decision().notes(SimpleNamespace(plan=plan))
     assert Decision().notes(SimpleNamespace(plan=SimpleNamespace(
         names=["alice"], locals_=[nn.Linear(4, 10)]))) == []
+
+
+def test_sources_of_different_architectures_adapt_together(toy):
+    """Each source adapts on its own, so a LeNet beside SHOT's LeNet (features 84 against 256
+    wide: the pseudo-labels sum the weighted distances) is fine."""
+    models, x, y = toy
+    torch.set_num_threads(1)
+    torch.manual_seed(4)
+    other = build_model("lenet", 10, in_channels=1, image_size=8).eval()
+    res = decision_adapt([copy.deepcopy(models[0]), other], ArraySource(x),
+                         DecisionSettings(sample_budget=len(x)), seed=0)
+    assert res.probs.shape == (len(x), 10) and res.alpha.sum() == pytest.approx(1.0)
+    assert res.alpha[0] > 0.5  # the trained source outweighs the untrained one
