@@ -15,8 +15,10 @@ All φ_j and a are trained on
 
 L_ent = -E_x Σ_k δ_k(θ_T(x)) log δ_k(θ_T(x)), L_div = Σ_k p̄_k log p̄_k with p̄ = E_x δ(θ_T(x))
 (SHOT's information maximisation, on the combination), and L_pl = CE(θ_T(x), ŷ(x)) to the
-"weighted pseudo-labels" ŷ of :func:`weighted_pseudo_labels`. The labels are the argmax of
-δ(θ_T(x)) with the final α. The target's ``y`` is never read.
+"weighted pseudo-labels" ŷ of :func:`weighted_pseudo_labels`, refreshed once per epoch with
+the α of that moment (the code re-weights its stored features with the current α at every
+step). The labels are the argmax of δ(θ_T(x)) with the final α. The target's ``y`` is never
+read. docs/decision.md lists every difference from the authors' code.
 
 Cost (``DecisionSettings``): one optimiser step runs every source on the same batch (a shared
 data pass); the pseudo-labels are refreshed once per epoch by one eval-mode pass per source.
