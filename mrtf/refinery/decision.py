@@ -5,10 +5,11 @@ github.com/driptaRC/DECISION, ``adapt_multi.py``).
 
 Each source model j is split as in SHOT (shot.py) into a feature extractor φ_j, adapted, and
 a hypothesis ψ_j, its last ``nn.Linear``, frozen. The target model is the weighted combination
-of the sources' outputs, θ_T(x) = Σ_j α_j θ_j(x) with α on the simplex (Sect. 3, "weighted
-information maximization"): as in the paper and the authors' code it combines the sources'
-*logits* and the softmax δ is taken after combining. Here α = softmax(a), a learned from 0
-(uniform; the code normalises raw scalars by their sum, which lets a weight go negative).
+of the sources' outputs, θ_T(x) = Σ_j α_j θ_j(x) with α on the simplex (the paper's "weighted
+information maximization"; the terms are cited by the paper's names, L_ent, L_div, L_pl): as
+in the paper and the authors' code it combines the sources' *logits*, and the softmax δ is
+taken after combining. Here α = softmax(a), a learned from 0 (uniform; the code normalises
+raw scalars by their sum, which lets a weight go negative).
 All φ_j and a are trained on
 
     L = L_ent + div_weight · L_div + β · L_pl
@@ -24,7 +25,8 @@ Cost (``DecisionSettings``): one optimiser step runs every source on the same ba
 data pass); the pseudo-labels are refreshed once per epoch by one eval-mode pass per source.
 The run is bounded by a per-source sample budget (40,000 samples: 4 epochs of a 10,000-image
 target, at most 15 epochs, the authors' code default, on small targets), not by SHOT's 30
-epochs: K = 10 LeNets on 10,000 images stay within about three minutes on one core.
+epochs: K = 10 LeNets on 10,000 MNIST images took 194 CPU seconds for the whole refine, one
+thread (docs/benchmarks/decision.md).
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ _MOMENTUM, _WEIGHT_DECAY = 0.9, 1e-3
 
 @dataclass(frozen=True)
 class DecisionSettings:
-    """DECISION's target stage (paper Sect. 4, implementation details, and its code).
+    """DECISION's target stage (the paper's "implementation details", and its code).
 
     lr : SGD learning rate of every adapted parameter and of the source weights, annealed
         by SHOT's inverse decay (mrtf/schedule.py). The paper trains a pretrained backbone at
