@@ -6,6 +6,7 @@ call of its own)."""
 
 from mrtf.refinery.methods.aad import Aad
 from mrtf.refinery.methods.adaptive import Adaptive
+from mrtf.refinery.methods.decision import Decision
 from mrtf.refinery.methods.fedavg import FedAvg
 from mrtf.refinery.methods.feddf import FedDF
 from mrtf.refinery.methods.mrtf import MrTF
@@ -18,5 +19,6 @@ from mrtf.refinery.registry import METHODS, Method, get_method, register_method
 BUILT_IN = (Adaptive(), FedAvg(), FedDF(), ST(), STRD(), MrTF(), Shot(), Aad(), Nrc())
 for _method in BUILT_IN:
     register_method(_method)
+register_method(Decision())  # multi-source adaptation (DECISION), after the paper's methods
 
 __all__ = ["BUILT_IN", "METHODS", "Method", "get_method", "register_method"]
