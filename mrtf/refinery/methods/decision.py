@@ -22,7 +22,7 @@ from torch import nn
 
 from mrtf.errors import InputError
 from mrtf.refinery.decision import DecisionSettings, decision_adapt
-from mrtf.refinery.fit import fit_student
+from mrtf.refinery.fit import distil_student
 from mrtf.refinery.methods.base import Distilled
 from mrtf.refinery.state import RefineState
 
@@ -81,5 +81,5 @@ class Decision(Distilled):
 
     def fit(self, state: RefineState) -> nn.Module:
         assert state.targets is not None
-        return fit_student(self.start_model(state), state.source, state.targets, state.config,
-                           state.dev, None, state.spilled)
+        return distil_student(self.start_model(state), state.source, state.targets,
+                              state.config, state.dev)
