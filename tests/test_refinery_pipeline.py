@@ -184,7 +184,7 @@ def test_adaptive_adapts_the_average_when_the_target_is_new_to_the_parties(demo)
         r.novelty.line()
     assert r.branch.chosen == "adapt" and r.branch.by == "novelty"
     avg = refine(new, ArraySource(x), _cfg(method="fedavg")).model
-    shot = shot_adapt(copy.deepcopy(avg), ArraySource(x), adapt_settings(), seed=0)
+    shot = shot_adapt(copy.deepcopy(avg), ArraySource(x), adapt_settings(avg, _cfg()), seed=0)
     cfg = _cfg(trust=False)
     voted, _ = final_probs(shot, ArraySource(x), cfg.vote_k, 256)
     settled = distill(copy.deepcopy(shot), ArraySource(x), voted.astype(np.float32),

@@ -31,3 +31,17 @@ def test_shot_steps_are_capped_only_when_asked():
     assert paper.num_steps(10_000) == 30 * 157  # SHOT's 30 passes of batch 64, no cap
     capped = ShotSettings(optimizer="sgd", lr=0.01, epochs=30, max_steps=5000)
     assert capped.num_steps(10_000) == 4710 and capped.num_steps(100_000) == 5000
+
+
+def test_the_adapt_branch_uses_shots_recipe_for_shots_kind_of_network():
+    """BatchNorm (SHOT's source network, lenet_shot): SHOT's digit recipe, capped; a plain
+    network: the project's Adam settings over ``config.steps``."""
+    from mrtf.models import build_model
+    from mrtf.refinery import RefineConfig
+    from mrtf.refinery.fit import ADAPT_MAX_STEPS, adapt_settings
+
+    config = RefineConfig(steps=37, batch_size=16)
+    bn = adapt_settings(build_model("lenet_shot", num_classes=10), config)
+    assert (bn.optimizer, bn.lr, bn.epochs, bn.max_steps) == ("sgd", 0.01, 30, ADAPT_MAX_STEPS)
+    plain = adapt_settings(build_model("lenet", num_classes=10), config)
+    assert (plain.optimizer, plain.steps, plain.batch_size, plain.epochs) == ("adam", 37, 16, 0)
