@@ -47,8 +47,8 @@ def test_refine_decision_in_memory(digits_oneshot):
     out = refine(received, source, cfg)
     y = source.labels()
     locals_ = [predict_probs(m.build(), source) for m in newest_locals(received)]
-    assert out.info["method"] == "decision" and out.info["teachers"] == len(locals_) == 6
-    assert any(n.startswith("decision: ") for n in out.info["notes"])
+    assert out.config.method == "decision" and out.teachers == len(locals_) == 6
+    assert any(n.startswith("decision: ") for n in out.notes)
     assert out.timings["decision"] > 0
     np.testing.assert_allclose(out.target_probs.sum(1), 1.0, rtol=1e-5)
     # the adapted, weighted ensemble labels better than any party alone, and better than

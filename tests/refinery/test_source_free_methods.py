@@ -51,9 +51,9 @@ def test_refine_adapts_the_average_and_labels_with_its_argmax(method, digits_fed
         np.testing.assert_allclose(r.probs, predict_probs(by_hand, target, 256), atol=1e-6)
         np.testing.assert_allclose(r.probs, predict_probs(r.model, target, 256), atol=1e-6)
     assert not np.array_equal(r.probs.argmax(1), r.averaged_probs.argmax(1))  # it moved
-    assert r.info["method"] == method and r.model_probs is None and r.timings["distill"] > 0
+    assert r.config.method == method and r.model_probs is None and r.timings["distill"] > 0
     assert any(line.startswith(f"{method}: {type(settings).__name__}(")
-               for line in r.info["notes"])
+               for line in r.notes)
 
 
 def test_a_variant_is_one_more_registered_instance(digits_federation):
@@ -64,7 +64,7 @@ def test_a_variant_is_one_more_registered_instance(digits_federation):
         received = load_received(digits_federation[0])
         with H5Dataset(digits_federation[1]) as target:
             r = refine(received, target, _cfg(variant.name))
-        assert r.info["method"] == "aad-k2-e1"
+        assert r.config.method == "aad-k2-e1"
     finally:
         unregister_method("aad-k2-e1")
 
@@ -93,6 +93,6 @@ def test_streaming_gives_the_same_labels(method, digits_federation, tmp_path):
     with H5Dataset(digits_federation[1]) as target:
         mem = refine(received, target, _cfg(method, stream="off"))
         out = refine(received, target, _cfg(method, stream="on", scratch_dir=str(tmp_path)))
-    assert out.info.get("streaming") and not mem.info.get("streaming")
+    assert out.streaming and not mem.streaming
     np.testing.assert_array_equal(out.probs, mem.probs)
     assert list(tmp_path.iterdir()) == []  # the scratch folder is gone
