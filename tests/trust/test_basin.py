@@ -21,7 +21,7 @@ from mrtf.io.hdf5 import ArraySource
 from mrtf.models import build_model
 from mrtf.refinery import RefineConfig, accuracy_of, refine
 from mrtf.trust.basin import SHARED_COSINE, assess_basin, start_line, weight_cosine
-from mrtf.trust.received import assess_received
+from mrtf.refinery.assess import assess_received
 
 PARTIES = 4
 
