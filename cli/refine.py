@@ -107,7 +107,8 @@ def refine_cmd(received: Path, data: Path | None, labels_out: Path | None,
                     min_confidence=opts["min_confidence"], coverage=opts["coverage"],
                     student_arch=opts["student_arch"], student_file=opts["student_file"],
                     trust_arch=opts["trust_arch"], datafree=opts["datafree"],
-                    fusion_steps=opts["steps"], dump_samples=opts["dump_samples"],
+                    fusion_steps=opts["steps"] if data is None else None,
+                    dump_samples=opts["dump_samples"],
                     force=opts["force"])
     reporter = CliReporter(out)
     done = refine_files(job, reporter)
