@@ -25,6 +25,7 @@ from mrtf.refinery.config import RefineConfig
 from mrtf.refinery.storage import memory_estimate, use_streaming
 from mrtf.trust.basin import start_line
 from mrtf.trust.parties import describe, duplicate_parties, plan_parties
+from mrtf.trust.selection import select as select_parties
 
 
 def report_parties(rs: ReceivedSet, job: str, reporter: Reporter) -> list[dict[str, Any]]:
@@ -76,7 +77,8 @@ def load_student(rs: ReceivedSet, job: RefineJob, sample_shape: tuple[int, ...] 
         return sm.build(), sm.meta
     if job.student_arch is not None:
         return new_student(rs, job.student_arch, job.config.seed, sample_shape)
-    onnx_start = student_of_onnx_set(rs)
+    # the parties that teach: the one rule for which received models count
+    onnx_start = student_of_onnx_set(select_parties(rs).locals_)
     if onnx_start is not None:
         reporter.say(onnx_start[2])
         return onnx_start[0], onnx_start[1]
