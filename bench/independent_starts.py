@@ -62,13 +62,13 @@ def main() -> None:
     best = max(float((p.argmax(1).numpy() == y).mean()) for p in probs)
     t1 = time.time()
     res = refine(rs, ArraySource(x.numpy()), RefineConfig(seed=seed, progress=False))
-    flagged = [v for v in res.info.get("verdicts", []) if "trusted" not in v]
+    flagged = [v for v in (res.parties.verdicts if res.parties else []) if "trusted" not in v]
     print(f"{ds} K={k} dir{alpha} E={epochs} seed={seed} "
           f"{'shared' if shared else 'independent'}: default labels "
           f"{accuracy_of(res.probs, y):.3f} | ensemble {ensemble:.3f} | best party {best:.3f} | "
           f"average {average:.3f} | flagged {len(flagged)} | train {t1 - t0:.0f}s refine "
           f"{time.time() - t1:.0f}s")
-    print("  note0:", res.info["notes"][0] if res.info["notes"] else None)
+    print("  note0:", res.notes[0] if res.notes else None)
 
 
 if __name__ == "__main__":

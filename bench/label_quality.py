@@ -47,7 +47,7 @@ def _refined(method: str, **extra) -> Callable:
     def run(received, target, seed: int) -> tuple[np.ndarray, dict]:
         res = refine(received, target, RefineConfig(method=method, seed=seed, progress=False,
                                                     **extra))
-        return res.probs, {"info": _jsonable(res.info), "timings": res.timings}
+        return res.probs, {"info": _jsonable(res.to_dict()), "timings": res.timings}
     return run
 
 

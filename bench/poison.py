@@ -193,15 +193,16 @@ def run_cell(setting: str, seed: int, root: Path, methods=METHODS, poisons=POISO
             res = refine(prs, target, _config(method, seed))
             victims = takeover(rs, poison, seed)[1] if poison in TAKEOVERS else \
                 {m.meta.party for m in prs.models[:3 if poison == "3-flipped" else 1]}
-            flagged = {p["name"] for p in res.info.get("reliability", [])
-                       if p["verdict"] != "trusted"}
+            flagged = {p.name for p in (res.parties.parties if res.parties else ())
+                       if p.verdict != "trusted"}
             # a refused claim or a copy is named before the checks on the target (selection)
             flagged |= {f.party for f in select(prs).files if f.suspicious}
             row = {"setting": setting, "seed": seed, "poison": poison, "method": method,
                    "accuracy": accuracy_of(res.probs, y),
                    "seconds": time.perf_counter() - t0,
-                   "trust": res.info.get("trust"), "verdicts": res.info.get("verdicts"),
-                   "novelty": res.info.get("novelty"),
+                   "trust": res.consensus.trust if res.consensus else None,
+                   "verdicts": res.parties.verdicts if res.parties else None,
+                   "novelty": res.novelty.to_dict() if res.novelty else None,
                    "named": sorted(victims & flagged), "false_flags": sorted(flagged - victims)}
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(row, indent=1))

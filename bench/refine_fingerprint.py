@@ -1,7 +1,8 @@
 """Fingerprints of ``refine`` over many settings, in memory and spilled: a hash of every
 output (labels' probabilities, targets, θ_{t+1}'s probabilities, the model's own, the refined
-weights, ``info``, the calibration). Run it on two trees with the same thread count and
-compare: a refactoring of the refinery must leave every hash as it was (issue 34).
+weights, ``RefineResult.to_dict()`` (the run's account, once ``info``), the calibration). Run
+it on two trees with the same thread count and compare: a refactoring of the refinery must
+leave every hash as it was (issue 34).
 
     OMP_NUM_THREADS=1 python bench/refine_fingerprint.py before.json   # on the old tree
     OMP_NUM_THREADS=1 python bench/refine_fingerprint.py after.json    # on the new one
@@ -139,7 +140,7 @@ def run(name, received, x, student=None, **kw):
         base.update(kw)
         st = None if student is None else copy.deepcopy(student)
         r = refine(received, ArraySource(x), RefineConfig(**base), student=st)
-        info = dict(r.info)
+        info = r.to_dict()
         info.pop("streaming", None)
         info["config"] = {**info["config"], "scratch_dir": None}  # a temporary path
         sd = b"".join(v.detach().cpu().numpy().tobytes() for v in r.model.state_dict().values())
@@ -152,7 +153,7 @@ def run(name, received, x, student=None, **kw):
             "info": hashlib.sha256(
                 json.dumps(info, sort_keys=True, default=str).encode()
             ).hexdigest()[:16],
-            "info_keys": sorted(r.info),
+            "info_keys": sorted(r.to_dict()),
             "timings": sorted(r.timings),
             "cal": hashlib.sha256(
                 json.dumps(

@@ -24,8 +24,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from mrtf.data import load_standard
 from mrtf.io import load_received
@@ -37,13 +35,8 @@ VARIANTS = ("test", "test-long", "train", "framed", "framed-train")
 
 def usps(split: str, framed: bool) -> tuple[np.ndarray, np.ndarray]:
     """USPS at 28×28: resized over the whole frame, or to 20×20 inside a 4 px border."""
-    if not framed:
-        d = load_standard("usps", split, size=28)
-        return d.x, d.y
-    d = load_standard("usps", split)
-    x = F.interpolate(torch.from_numpy(d.x), size=(20, 20), mode="bilinear",
-                      align_corners=False).clamp(0, 1)
-    return F.pad(x, (4, 4, 4, 4)).numpy(), d.y
+    d = load_standard("usps", split, size=28, frame="mnist" if framed else "resize")
+    return d.x, d.y
 
 
 def accuracy(model, x: np.ndarray, y: np.ndarray) -> float:

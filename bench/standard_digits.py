@@ -6,6 +6,9 @@ what the pilot party receives is exported exactly as ``mrtf simulate --export-re
 writes it, and every method labels the **full target test set** (the unlabeled target; its
 ``y`` is read only to score). Settings: ``k1`` (K = 1), and K = 10 parties, IID / Dirichlet 0.5
 / Dirichlet 0.1, received one-shot (1 round) or after 10 FedAvg rounds (``-r10``).
+Pairs ``mnist-usps-framed`` and ``usps-framed-mnist`` (not run unless named in ``--pairs``)
+take USPS framed as MNIST is (``load_standard(frame="mnist")``: 16→20 inside a 4-pixel
+border) instead of resized 16→28; their cells are cached under their own names.
 
 Party recipes (mrtf/federated/recipes.py): ``shot`` (SHOT's source recipe, ``lenet_shot``;
 USPS sources augmented as SHOT's code does) and ``default`` (the project's LeNet, batch 32,
@@ -58,12 +61,21 @@ from mrtf.refinery import (
 
 @dataclass(frozen=True)
 class Pair:
-    """A source → target pair at the image shape both are converted to (data/standard.py)."""
+    """A source → target pair at the image shape both are converted to (data/standard.py);
+    ``frame`` is how USPS, on either side, is brought to 28×28 ("resize" or "mnist")."""
 
     source: str
     target: str
     size: int
     channels: int
+    frame: str = "resize"
+
+    def frame_of(self, name: str) -> str:
+        return self.frame if name == "usps" else "resize"
+
+    def dataset_name(self, name: str, split: str) -> str:
+        """The name ``mrtf simulate`` takes for it: ``usps:test:framed`` when framed."""
+        return f"{name}:{split}" + (":framed" if self.frame_of(name) == "mnist" else "")
 
 
 @dataclass(frozen=True)
@@ -79,7 +91,11 @@ PAIRS = {
     "mnist-usps": Pair("mnist", "usps", 28, 1),  # SHOT: USPS resized to 28 × 28
     "usps-mnist": Pair("usps", "mnist", 28, 1),
     "mnist-mnistm": Pair("mnist", "mnistm", 32, 3),  # DANN: MNIST to 32 × 32 × 3
+    # USPS framed as MNIST's digits are (20 × 20 in 28 × 28); not in the default --pairs
+    "mnist-usps-framed": Pair("mnist", "usps", 28, 1, frame="mnist"),
+    "usps-framed-mnist": Pair("usps", "mnist", 28, 1, frame="mnist"),
 }
+DEFAULT_PAIRS = ("mnist-usps", "usps-mnist", "mnist-mnistm")
 SETTINGS = {"k1": Setting(1, "iid", 1)}
 for _name, _split in (("iid", "iid"), ("dir0.5", "dirichlet:0.5"), ("dir0.1", "dirichlet:0.1")):
     SETTINGS[f"k10-{_name}"] = Setting(10, _split, 1)
@@ -118,22 +134,23 @@ def run_config(job: Job) -> RunConfig:
     base.update(party_recipe(job.recipe))
     if job.recipe == "shot" and pair.source == "usps":
         base["local_augment"] = True  # SHOT's code augments its USPS source only
-    return RunConfig(dataset=f"{pair.source}:train", target=f"{pair.target}:test",
+    return RunConfig(dataset=pair.dataset_name(pair.source, "train"),
+                     target=pair.dataset_name(pair.target, "test"),
                      clients=setting.clients, split=setting.split, ratio=1.0,
                      rounds=setting.rounds, image_size=pair.size, channels=pair.channels,
                      seeds=[job.seed], **{**base, "epochs": job.epochs})
 
 
 @lru_cache(maxsize=4)
-def _dataset(name: str, split: str, size: int, channels: int):
-    return load_standard(name, split, size=size, channels=channels)
+def _dataset(name: str, split: str, size: int, channels: int, frame: str = "resize"):
+    return load_standard(name, split, size=size, channels=channels, frame=frame)
 
 
 def federation(cfg: RunConfig, job: Job) -> Federation:
     """All of the source train split over the parties; the full target test set as target."""
     pair = PAIRS[job.pair]
-    src = _dataset(pair.source, "train", pair.size, pair.channels)
-    tgt = _dataset(pair.target, "test", pair.size, pair.channels)
+    src = _dataset(pair.source, "train", pair.size, pair.channels, pair.frame_of(pair.source))
+    tgt = _dataset(pair.target, "test", pair.size, pair.channels, pair.frame_of(pair.target))
     parts = split_clients(src.y, cfg.clients, cfg.split, job.seed, 10)
     return Federation(x=torch.from_numpy(src.x), y=torch.from_numpy(src.y), parts=parts,
                       target_x=torch.from_numpy(tgt.x), target_y=torch.from_numpy(tgt.y),
@@ -169,7 +186,7 @@ def _refined(method: str, **extra) -> Method:
     def run(received, target, seed: int) -> tuple[np.ndarray, dict]:
         res = refine(received, target, RefineConfig(method=method, seed=seed, progress=False,
                                                     **extra))
-        novelty = res.info.get("novelty", {}).get("line")
+        novelty = None if res.novelty is None else res.novelty.line()
         return res.probs, {"timings": res.timings} | ({"novelty": novelty} if novelty else {})
     return run
 
@@ -330,7 +347,8 @@ def jobs_of(args: argparse.Namespace) -> list[Job]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/standard_digits")
-    ap.add_argument("--pairs", default=",".join(PAIRS))
+    ap.add_argument("--pairs", default=",".join(DEFAULT_PAIRS),
+                    help=f"of {', '.join(PAIRS)}")
     ap.add_argument("--settings", default=",".join(SETTINGS))
     ap.add_argument("--recipes", default="shot", help=f"party recipes: {', '.join(RECIPES)}")
     ap.add_argument("--seeds", default=",".join(map(str, SEEDS)))

@@ -26,8 +26,9 @@ from mrtf.io.outputs import Outputs
 @output_options
 def convert(source: str, output: Path, labels_file: Path | None, image_size: int | None,
             channels: str | None, unlabeled: bool, force: bool, out: Out) -> None:
-    """Write SOURCE (a built-in dataset name; a standard one, mnist, usps or mnistm as NAME or
-    NAME:SPLIT, read from $MRTF_DATA (see `mrtf data`); an .npz, an .npy, or an image folder
+    """Write SOURCE (a built-in dataset name; a standard one, mnist, usps or mnistm as NAME,
+    NAME:SPLIT or usps[:SPLIT]:framed (USPS in MNIST's frame), read from $MRTF_DATA (see
+    `mrtf data`); an .npz, an .npy, or an image folder
     with one sub-folder per class, or flat for unlabeled images) to OUTPUT as an HDF5
     dataset."""
     chans = int(channels) if channels else None

@@ -10,6 +10,7 @@ import click
 from mrtf.cli.common import Out, output_options, table
 from mrtf.io.hdf5 import read_dataset
 from mrtf.io.labels import read_labels
+from mrtf.refinery.distill import STEPS
 from mrtf.scoring import score_labels
 
 #: the default (adaptive) beside the parameter average, FedDF and the paper's MrTF
@@ -24,7 +25,7 @@ METHODS = ("fedavg", "feddf", "mrtf", "adaptive")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
               help="Where to write the demo's files (default: a new temporary directory).")
 @click.option("--rounds", default=10, show_default=True, help="FedAvg rounds to simulate.")
-@click.option("--steps", default=500, show_default=True, help="Distillation steps.")
+@click.option("--steps", default=STEPS, show_default=True, help="Distillation steps.")
 @click.option("--seed", default=0, show_default=True)
 @output_options
 def demo(dataset: str, out_dir: Path | None, rounds: int, steps: int, seed: int, out: Out

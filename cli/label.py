@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -21,30 +25,75 @@ from mrtf.refinery import accuracy_of
 from mrtf.trust.selective import check_selection
 
 
+@dataclass(frozen=True)
+class LabelFiles:
+    """Where ``mrtf label`` writes: the labels (.h5) and/or the CSV; ``force`` replaces
+    existing files."""
+
+    labels: Path | None = None
+    csv: Path | None = None
+    force: bool = False
+
+
+@dataclass(frozen=True)
+class SelectionRule:
+    """Selective labeling (mrtf.trust.selective): leave samples below ``min_confidence``
+    unlabeled, or label only the ``coverage`` fraction that is most confident (None: off)."""
+
+    min_confidence: float | None = None
+    coverage: float | None = None
+
+
+def label_file_options(func: Callable) -> Callable:
+    """Add ``--labels``, ``--csv`` and ``--force`` and pass a :class:`LabelFiles` as ``files``."""
+
+    @click.option("--labels", "labels_out", type=click.Path(path_type=Path), default=None,
+                  help="Where to write the labels (.h5).")
+    @click.option("--csv", "csv_out", type=click.Path(path_type=Path), default=None,
+                  help="Write the labels as CSV too: id (the file name, or the row), label, "
+                       "confidence.")
+    @click.option("--force", is_flag=True, help="Replace an existing labels file.")
+    @functools.wraps(func)
+    def wrapper(*args: Any, labels_out: Path | None, csv_out: Path | None, force: bool,
+                **kwargs: Any) -> Any:
+        return func(*args, files=LabelFiles(labels_out, csv_out, force), **kwargs)
+
+    return wrapper
+
+
+def selection_options(func: Callable) -> Callable:
+    """Add ``--min-confidence`` and ``--coverage`` and pass a :class:`SelectionRule` as
+    ``rule``."""
+
+    @click.option("--min-confidence", type=float, default=None,
+                  help="Leave samples whose confidence is below this unlabeled (label -1, "
+                       "abstained = 1).")
+    @click.option("--coverage", type=float, default=None,
+                  help="Label only this fraction of the samples, the most confident ones.")
+    @functools.wraps(func)
+    def wrapper(*args: Any, min_confidence: float | None, coverage: float | None,
+                **kwargs: Any) -> Any:
+        return func(*args, rule=SelectionRule(min_confidence, coverage), **kwargs)
+
+    return wrapper
+
+
 @click.command()
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--data", type=click.Path(path_type=Path), required=True,
               help="Samples to label (.h5 with x).")
-@click.option("--labels", "labels_out", type=click.Path(path_type=Path), default=None,
-              help="Where to write the labels (.h5).")
-@click.option("--csv", "csv_out", type=click.Path(path_type=Path), default=None,
-              help="Write the labels as CSV too: id (the file name, or the row), label, "
-                   "confidence.")
+@label_file_options
 @click.option("--batch-size", type=int, default=1024, show_default=True)
-@click.option("--min-confidence", type=float, default=None,
-              help="Leave samples whose confidence is below this unlabeled (label -1, "
-                   "abstained = 1).")
-@click.option("--coverage", type=float, default=None,
-              help="Label only this fraction of the samples, the most confident ones.")
+@selection_options
 @click.option("--trust-arch", multiple=True, help="A package.module:factory you trust.")
 @click.option("--device", default=None)
-@click.option("--force", is_flag=True, help="Replace an existing labels file.")
 @output_options
-def label(model: Path, data: Path, labels_out: Path | None, csv_out: Path | None,
-          batch_size: int, trust_arch: tuple[str, ...], device: str | None, force: bool,
-          out: Out, min_confidence: float | None = None, coverage: float | None = None
-          ) -> None:
+def label(model: Path, data: Path, files: LabelFiles, batch_size: int,
+          trust_arch: tuple[str, ...], device: str | None, out: Out,
+          rule: SelectionRule = SelectionRule()) -> None:
     """Label new data with a (refined) MODEL file: --labels (.h5) and/or --csv."""
+    labels_out, csv_out, force = files.labels, files.csv, files.force
+    min_confidence, coverage = rule.min_confidence, rule.coverage
     if labels_out is None and csv_out is None:
         raise InputError("nothing to write: give --labels FILE.h5 and/or --csv FILE.csv")
     check_selection(min_confidence, coverage)

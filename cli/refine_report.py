@@ -4,6 +4,7 @@ Nothing here changes a result; refine.py decides and writes."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,38 +12,35 @@ import numpy as np
 
 from mrtf.cli.common import Out, table
 from mrtf.refinery import RefineResult, accuracy_of
+from mrtf.trust.reliability import PartyReliability, ReliabilityReport
 from mrtf.trust.selective import Selection
 
 
 def say_account(result: RefineResult, out: Out) -> None:
     """The refinery's notes, the parties' reliability, each source's trust, the adaptive
     method's choices (class prior, distil-or-adapt, neighbour vote) and the calibration."""
-    info = result.info
-    for note in info["notes"]:
+    for note in result.notes:
         out.say(f"note: {note}")
-    if "reliability" in info:
-        say_reliability(info["reliability"], out)
-    for line in info.get("trust", []):
-        out.say(f"source {line}")
-    if "class_prior" in info:  # the adaptive method's class prior, and why
-        out.say(info["class_prior"]["line"])
-    if "novelty" in info:  # the adaptive method's choice: distil the vote or adapt
-        out.say(info["novelty"]["line"])
-    if "neighbour_vote" in info:
-        nv = info["neighbour_vote"]
-        out.say(f"neighbour vote (k = {nv['k']}, among {nv['reference']:,} samples): "
-                f"{nv['changed']:,} labels differ from the refined model's own prediction")
+    if result.parties is not None:
+        say_reliability(result.parties.parties, out)
+    if result.consensus is not None:
+        for line in result.consensus.trust:
+            out.say(f"source {line}")
+        if result.consensus.class_prior is not None:  # the class prior, and why
+            out.say(result.consensus.class_prior.line)
+    if result.novelty is not None:  # the adaptive method's choice: distil the vote or adapt
+        out.say(result.novelty.line())
+    if result.neighbour_vote is not None:
+        out.say(result.neighbour_vote.line())
     cal = result.calibration
     out.say(cal.line())
     for note in cal.notes:
         out.say(f"note: {note}")
 
 
-def say_reliability(parties: list[dict[str, Any]], out: Out) -> None:
+def say_reliability(parties: Sequence[PartyReliability], out: Out) -> None:
     """The per-party table and verdicts (mrtf.trust.reliability), as ``inspect --data``."""
-    from mrtf.trust.reliability import PartyReliability, ReliabilityReport
-
-    report = ReliabilityReport([PartyReliability(**p) for p in parties], [])
+    report = ReliabilityReport(list(parties), [])
     out.say(table(report.rows(), report.HEADER))
     flagged = report.flagged
     out.say(f"{len(flagged)} parties flagged: " + (
@@ -91,8 +89,8 @@ def summary(result: RefineResult, samples: int, opts: dict[str, Any], aggregate:
             selection: Selection | None, accuracy: dict[str, float],
             written: dict[str, Path | None]) -> dict[str, Any]:
     """The ``--json`` summary of a refine with data (``written``: labels, csv, model)."""
-    info, cfg = result.info, result.info["config"]
-    return {"command": "refine", "method": cfg["method"], "variant": cfg["variant"],
+    info = result.to_dict()
+    return {"command": "refine", "method": info["method"], "variant": info["variant"],
             "samples": samples, "u_t": info["u_t"], "heterogeneous": info["heterogeneous"],
             "notes": info["notes"], "sources": info.get("sources"),
             "novelty": info.get("novelty"), "class_prior": info.get("class_prior"),

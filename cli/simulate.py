@@ -15,24 +15,31 @@ from mrtf.federated.recipes import PARTY_RECIPES, party_recipe
 from mrtf.federated.run_config import RunConfig, load_toml
 from mrtf.federated.simulate import simulate as run_simulation
 from mrtf.models import available_archs
+from mrtf.refinery.variants import VARIANTS
+
+#: the run's defaults, from their one definition (RunConfig and its MethodSettings)
+_RUN = RunConfig()
 
 
 @click.command()
 @click.option("--dataset", default="mnist5k", show_default=True,
               help="Built-in dataset (digits, mnist5k, mnistm5k), a standard one (mnist, usps, "
-                   "mnistm; NAME:SPLIT, e.g. mnist:train; bare NAME = its test split; read "
+                   "mnistm; NAME[:SPLIT][:framed], e.g. mnist:train; bare NAME = its test "
+                   "split; usps:train:framed = USPS in MNIST's 20×20-in-28×28 frame; read "
                    "from $MRTF_DATA, see `mrtf data`) or an .h5 file with x and y.")
 @click.option("--clients", "-K", default=20, show_default=True, help="Number of clients K.")
-@click.option("--split", default="dirichlet:0.1", show_default=True,
+@click.option("--split", default=_RUN.split, show_default=True,
               help="iid, label:C (C classes per client) or dirichlet:ALPHA.")
-@click.option("--ratio", "-R", default=0.2, show_default=True,
+@click.option("--ratio", "-R", default=_RUN.ratio, show_default=True,
               help="Fraction of clients selected each round.")
-@click.option("--rounds", "-T", default=1, show_default=True, help="Communication rounds.")
-@click.option("--epochs", "-E", default=2, show_default=True, help="Local epochs per round.")
+@click.option("--rounds", "-T", default=_RUN.rounds, show_default=True,
+              help="Communication rounds.")
+@click.option("--epochs", "-E", default=_RUN.epochs, show_default=True,
+              help="Local epochs per round.")
 @click.option("--local-steps", type=int, default=None,
               help="Local SGD steps per round (overrides --epochs).")
-@click.option("--lr", default=0.05, show_default=True, help="Local SGD learning rate.")
-@click.option("--batch-size", default=16, show_default=True,
+@click.option("--lr", default=_RUN.lr, show_default=True, help="Local SGD learning rate.")
+@click.option("--batch-size", default=_RUN.batch_size, show_default=True,
               help="Local batch size (16: clients hold ~200 samples; measured in "
                    "docs/benchmarks/demo-and-runs.md, 64 left a 10-round federation near chance).")
 @click.option("--recipe", type=click.Choice(sorted(PARTY_RECIPES)), default=None,
@@ -44,14 +51,14 @@ from mrtf.models import available_archs
 @click.option("--local-augment", is_flag=True, default=None,
               help="Shift (≤ 4/28) and rotate (≤ 10°) every local training image (SHOT's "
                    "USPS source augmentation).")
-@click.option("--mu", default=0.0, show_default=True,
+@click.option("--mu", default=_RUN.mu, show_default=True,
               help="FedProx proximal coefficient μ (0 = FedAvg; evaluation runs: with "
                    "--local-algorithm fedprox, e.g. 0.01).")
-@click.option("--arch", default="lenet", show_default=True,
+@click.option("--arch", default=_RUN.arch, show_default=True,
               help=f"Model architecture: {', '.join(available_archs())}.")
 @click.option("--norm", type=click.Choice(["batch", "group", "none"]), default=None,
               help="Normalisation layers, for nets that have them.")
-@click.option("--target-size", default=1000, show_default=True,
+@click.option("--target-size", default=_RUN.target_size, show_default=True,
               help="Samples held out as the server's unlabeled target set.")
 @click.option("--image-size", type=int, default=None, help="Resize images to this size.")
 @click.option("--channels", type=click.Choice(["1", "3"]), default=None,
@@ -88,23 +95,25 @@ from mrtf.models import available_archs
               help="Hold out this fraction of each client's data as its local test part and "
                    "record FedKF's AMP / FM / WLP (FedKF and the reference codes: 0.2).")
 @click.option("--refine-steps", type=int, default=None,
-              help="Distillation steps of the refinery methods (default 500).")
+              help=f"Distillation steps of the refinery methods (default {_RUN.refine_steps}).")
 @click.option("--refine-lr", type=float, default=None, help="Distillation lr.")
-@click.option("--variant", type=click.Choice(["paper", "reference"]), default=None,
+@click.option("--variant", type=click.Choice(VARIANTS), default=None,
               help="Refinery variant.")
 @click.option("--clr-min-round", type=int, default=None,
-              help="Skip MrTF's clustered label refinery in the first N rounds (default 5).")
+              help="Skip MrTF's clustered label refinery in the first N rounds "
+                   f"(default {_RUN.clr_min_round}).")
 @click.option("--keep-training-on-average", is_flag=True, default=None,
               help="Refinery methods: clients keep receiving the plain average (authors' code).")
 @click.option("--fusion-iterations", type=int, default=None,
-              help="FedFTG outer iterations per round (I, default 10).")
+              help=f"FedFTG outer iterations per round (I, default {_RUN.fusion_iterations}).")
 @click.option("--fusion-student-steps", type=int, default=None,
-              help="FedFTG student steps per iteration (I_d, default 5).")
+              help="FedFTG student steps per iteration "
+                   f"(I_d, default {_RUN.fusion_student_steps}).")
 @click.option("--fusion-batch", type=int, default=None,
               help="Generated batch size (FedFTG 50, FedKF 64).")
 @click.option("--fedkf-kd-from-round", type=int, default=None,
               help="FedKF: knowledge fusion from this round (paper 0, authors' code 1).")
-@click.option("--fedkf-oca", type=click.Choice(["paper", "reference"]), default=None,
+@click.option("--fedkf-oca", type=click.Choice(VARIANTS), default=None,
               help="FedKF OCA over all K slots (paper) or only clients that trained.")
 @output_options
 def simulate(out: Out, **opts) -> None:
@@ -180,7 +189,7 @@ def _recipe(name: str | None) -> dict:
 
 def evaluation_run(out: Out, opts: dict, run_opts: dict) -> None:
     """``mrtf simulate --config/--methods/--out``: defaults < config file < explicit flags."""
-    from mrtf.federated.runner import run
+    from mrtf.federated.runner import RunHooks, run
 
     data: dict = _recipe(run_opts["recipe"])
     if run_opts["resume"] and run_opts["run_out"] is not None:
@@ -218,8 +227,8 @@ def evaluation_run(out: Out, opts: dict, run_opts: dict) -> None:
                     f"{cfg.rounds}  accuracy {rec['accuracy']:.4f}  {rec['seconds']:.1f}s")
 
     result = run(cfg, cfg.out, resume=run_opts["resume"], force=opts["force"],
-                 progress=out.progress, device=opts["device"], on_record=show,
-                 on_warning=out.warn, listeners=exports.listeners)
+                 progress=out.progress, device=opts["device"],
+                 hooks=RunHooks(show, out.warn, exports.listeners))
     written = say_exports(exports, out)
     for method, s in result.summary.items():
         out.say(f"{method:<7} final {s['final_mean']:.4f} ± {s['final_std']:.4f}  best of last "

@@ -17,11 +17,17 @@ from mrtf.data.builtin import (
 )
 from mrtf.data.convert import import_to_h5, load_arrays, load_image_folder
 from mrtf.data.splits import SplitSpec, client_class_counts, parse_split, split_clients
-from mrtf.data.standard import STANDARD, is_standard_name, load_standard, parse_standard_name
+from mrtf.data.standard import (
+    STANDARD,
+    StandardName,
+    is_standard_name,
+    load_standard,
+    parse_standard_name,
+)
 from mrtf.errors import InputError
 
 DATASET_NAMES = (f"built-in: {', '.join(BUILTIN)}; standard (mrtf data fetch NAME): "
-                 "mnist[:train|:test], usps[:train|:test], mnistm[:test]")
+                 "mnist[:train|:test], usps[:train|:test][:framed], mnistm[:test]")
 
 
 def is_dataset_name(text: str) -> bool:
@@ -33,14 +39,16 @@ def is_dataset_name(text: str) -> bool:
 def load_dataset(source: str | os.PathLike, image_size: int | None = None,
                  channels: int | None = None, need_labels: bool = True) -> ArrayDataset:
     """A built-in name (``digits``, ``mnist5k``, ``mnistm5k``), a standard one (``mnist``,
-    ``usps``, ``mnistm``, optionally ``NAME:SPLIT``, read from the data directory: $MRTF_DATA or
-    ~/.cache/mrtf/data) or an HDF5 dataset file."""
+    ``usps``, ``mnistm``, optionally ``NAME:SPLIT``, ``usps[:SPLIT]:framed`` for USPS in
+    MNIST's frame, read from the data directory: $MRTF_DATA or ~/.cache/mrtf/data) or an HDF5
+    dataset file."""
     text = str(source)
     if text in BUILTIN:
         return load_builtin(text, image_size, channels)
     standard = parse_standard_name(text)
     if standard is not None:
-        return load_standard(*standard, size=image_size, channels=channels)
+        return load_standard(standard.name, standard.split, size=image_size, channels=channels,
+                             frame=standard.frame)
     if not text.endswith((".h5", ".hdf5")) and not Path(text).exists():
         raise InputError(f"unknown dataset {text!r}; {DATASET_NAMES}, or a path to an .h5 file")
     from mrtf.io.hdf5 import read_dataset
@@ -55,6 +63,7 @@ def load_dataset(source: str | os.PathLike, image_size: int | None = None,
 
 __all__ = [
     "BUILTIN", "DATASET_NAMES", "STANDARD", "ArrayDataset", "InputError", "SplitSpec",
+    "StandardName",
     "adapt_images", "client_class_counts", "import_to_h5", "is_dataset_name",
     "is_standard_name", "load_arrays", "load_builtin", "load_dataset", "load_image_folder",
     "load_standard", "parse_split", "parse_standard_name", "split_clients",

@@ -138,14 +138,15 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
 
 def test_resume_from_the_run_directory_alone(tmp_path):
     """Issue 15.4: `--out DIR --resume` without the original flags reads DIR's config."""
-    from mrtf.federated.runner import RunConfig
+    from mrtf.federated.runner import RunConfig, RunHooks
     from mrtf.federated.runner import run as run_engine
 
     cfg = RunConfig(dataset="digits", clients=6, split="label:2", ratio=0.5, rounds=3,
                     local_steps=2, target_size=100, methods=["fedavg", "feddf"],
                     refine_steps=3, seeds=[0])
     full = run_engine(cfg, tmp_path / "full")
-    assert run_engine(cfg, tmp_path / "killed", halt_after=2).summary == {}  # as if killed
+    killed = run_engine(cfg, tmp_path / "killed", hooks=RunHooks(halt_after=2))
+    assert killed.summary == {}  # as if killed
     res = run("simulate", "--out", tmp_path / "killed", "--resume")
     assert res.exit_code == 0, res.output
     assert res.output.startswith("evaluation run digits: K=6 split=label:2")  # not defaults

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mrtf.federated import ExportReceived, RunConfig, simulate
 from mrtf.federated.engine import RoundEvent, select_clients
-from mrtf.federated.runner import run
+from mrtf.federated.runner import RunHooks, run
 from mrtf.io import load_received
 
 
@@ -19,7 +19,7 @@ def test_every_method_can_export_its_received_models(tmp_path):
         def on_round_end(self, event: RoundEvent) -> None:
             seen.append(event)
 
-    run(cfg, tmp_path / "run", listeners=[export, Watch()])
+    run(cfg, tmp_path / "run", hooks=RunHooks(listeners=[export, Watch()]))
     assert [(e.method, e.round, e.last) for e in seen] == [
         ("feddf", 0, False), ("feddf", 1, True), ("fedkf", 0, False), ("fedkf", 1, True)]
     trained = {k for r in range(2) for k in select_clients(0, r, 4, 2)}

@@ -14,7 +14,7 @@ from mrtf.federated.methods import (
     input_independent,
     make_strategy,
 )
-from mrtf.federated.runner import RunConfig, run
+from mrtf.federated.runner import RunConfig, RunHooks, run
 from mrtf.federated.strategies import refinery
 from mrtf.io.hdf5 import ArraySource
 from mrtf.models import build_model
@@ -63,7 +63,7 @@ def test_run_passes_the_first_warning_of_each_track(tmp_path, monkeypatch):
     cfg = RunConfig(dataset="digits", clients=4, split="label:2", ratio=0.5, rounds=2,
                     local_steps=2, arch="lenet", target_size=100, methods=["fedavg", "feddf"],
                     seeds=[0, 1], refine_steps=2)
-    run(cfg, tmp_path / "run", on_warning=seen.append)
+    run(cfg, tmp_path / "run", hooks=RunHooks(on_warning=seen.append))
     assert [w.split(":")[0] for w in seen] == ["seed 0, feddf", "seed 1, feddf"]
 
 

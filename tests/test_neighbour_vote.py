@@ -11,6 +11,7 @@ from mrtf.io.hdf5 import ArraySource
 from mrtf.models import build_model
 from mrtf.refinery import RefineConfig
 from mrtf.refinery.neighbour_vote import (
+    NeighbourVoteSummary,
     final_probs,
     nearest_rows,
     predict_with_vote,
@@ -85,7 +86,7 @@ def test_vote_equals_brute_force(model, digits, reference):
     assert (out.neighbours == nb).mean() > 0.99  # ties in float32 cosines may reorder
     np.testing.assert_allclose(out.voted, voted, atol=1e-3)
     assert out.reference == min(reference, len(x))
-    assert out.info() == {"k": 3, "reference": out.reference, "changed": out.changed}
+    assert out.summary() == NeighbourVoteSummary(3, out.reference, out.changed)
 
 
 def test_vote_changes_labels_toward_the_neighbours(model, digits):

@@ -111,7 +111,7 @@ def test_methods_run_and_ignore_y(demo, method):
     assert a.probs.shape == (len(y), 10) and a.probs.dtype == np.float32
     np.testing.assert_array_equal(a.probs, b.probs)
     np.testing.assert_allclose(a.probs.sum(1), 1.0, atol=1e-5)
-    assert a.info["method"] == method and a.info["teachers"] == 3
+    assert a.config.method == method and a.teachers == 3
     assert set(a.timings) == {"teachers", "clr", "distill", "predict", "calibration"}
     if method == "fedavg":
         np.testing.assert_array_equal(a.probs, a.averaged_probs)
@@ -134,16 +134,32 @@ def test_same_seed_identical_and_seed_matters(demo, tmp_path):
 
 def test_adaptive_reports_every_source_and_a_label_free_estimate(demo):
     r = refine(demo["received"], ArraySource(demo["x"]), _cfg())
-    assert r.info["method"] == "adaptive"
-    names = [s["name"] for s in r.info["sources"]]
+    assert r.config.method == "adaptive"
+    names = [s.name for s in r.consensus.sources]
     assert len(names) == 3 + 2 + 1  # 3 parties, θ_t, θ_{t+1}, the cluster view
-    assert names[-1] == "clusters" and len(r.info["trust"]) == len(names)
+    assert names[-1] == "clusters" and len(r.consensus.trust) == len(names)
     # the class prior the default ("auto") kept, and why
-    assert r.info["class_prior"]["line"].startswith(
-        f"class prior: {r.info['class_prior']['chosen']} (chosen: its labels agree with")
-    assert r.info["novelty"]["line"].startswith("target novelty")  # vote or adapt, and why
-    est = r.info["estimated_accuracy"]
-    assert 0 <= est["averaged"] <= 1 and 0 <= est["refined"] <= 1
+    prior = r.consensus.class_prior
+    assert prior.line.startswith(
+        f"class prior: {prior.chosen} (chosen: its labels agree with")
+    assert r.novelty.line().startswith("target novelty")  # vote or adapt, and why
+    est = r.accuracy
+    assert 0 <= est.averaged <= 1 and 0 <= est.refined <= 1
+    assert 0 <= est.consensus_view.refined <= 1
+    # the JSON form keeps the keys refine --json has always written
+    d = r.to_dict()
+    assert list(d) == ["method", "variant", "u_t", "teachers", "heterogeneous", "notes",
+                       "config", "neighbour_vote", "sources", "trust", "consensus_confidence",
+                       "cluster_weight", "debias_strength", "class_prior",
+                       "estimated_accuracy", "novelty", "calibration", "reliability",
+                       "verdicts", "aggregate", "basin"]
+    assert list(d["class_prior"]) == ["chosen", "agreement", "chance", "excess", "line"]
+    assert d["class_prior"]["line"] == prior.line
+    assert list(d["novelty"]) == ["gap", "target_entropy", "train_loss", "adapt", "line"]
+    assert d["estimated_accuracy"]["consensus_view"] == {
+        "refined": est.consensus_view.refined, "averaged": est.consensus_view.averaged}
+    assert [s["name"] for s in d["sources"]] == names
+    assert d["neighbour_vote"]["changed"] == r.neighbour_vote.changed
 
 
 def _claiming(received, loss):
@@ -161,9 +177,9 @@ def test_adaptive_adapts_the_average_when_the_target_is_new_to_the_parties(demo)
     x, y = demo["x"], demo["y"]
     new = _claiming(demo["received"], 0.0)
     r = refine(new, ArraySource(x, y), _cfg(trust=False))
-    assert r.info["novelty"]["adapt"] and r.info["novelty"]["gap"] > 0.1
+    assert r.novelty.adapt and r.novelty.gap > 0.1
     assert "adapted to it (SHOT, then distilled to its own neighbour vote)" in \
-        r.info["novelty"]["line"]
+        r.novelty.line()
     avg = refine(new, ArraySource(x), _cfg(method="fedavg")).model
     shot = shot_adapt(copy.deepcopy(avg), ArraySource(x), ShotSettings(steps=15, batch_size=32),
                       seed=0)
@@ -183,9 +199,9 @@ def test_adaptive_adapts_the_average_when_the_target_is_new_to_the_parties(demo)
 @pytest.mark.parametrize("loss", [5.0, None])
 def test_adaptive_votes_when_the_target_looks_familiar_or_nobody_says(demo, loss):
     r = refine(_claiming(demo["received"], loss), ArraySource(demo["x"]), _cfg(trust=False))
-    assert not r.info["novelty"]["adapt"]
-    assert (r.info["novelty"]["gap"] is None) == (loss is None)
-    assert "vote is distilled" in r.info["novelty"]["line"]
+    assert not r.novelty.adapt
+    assert (r.novelty.gap is None) == (loss is None)
+    assert "vote is distilled" in r.novelty.line()
 
 
 def test_adaptive_does_not_collapse_on_dead_parties(demo):
@@ -198,8 +214,8 @@ def test_adaptive_does_not_collapse_on_dead_parties(demo):
             for m in demo["received"].by_role("local")]
     rs = ReceivedSet(dead + demo["received"].by_role("global"), [])
     r = refine(rs, ArraySource(demo["x"]), _cfg())
-    left_out = [s["name"] for s in r.info["sources"] if s["weight"] == 0 and
-                s["name"] != "clusters"]
+    left_out = [s.name for s in r.consensus.sources if s.weight == 0 and
+                s.name != "clusters"]
     # the 3 identical dead parties count once (mrtf.trust.selection), and their dead average
     assert len(left_out) == 2
     assert not input_independent(r.probs)
@@ -209,9 +225,9 @@ def test_missing_global_and_loss_notes(demo):
     locals_ = [ReceivedModel(m.path, _meta("local"), m.state_dict)
                for m in demo["received"].by_role("local")]
     r = refine(ReceivedSet(locals_, []), ArraySource(demo["x"]), _cfg(method="st+rd"))
-    assert r.info["u_t"] == 0.5
-    assert any("θ_t" in n for n in r.info["notes"])
-    assert any("fallback" in n for n in r.info["notes"])
+    assert r.u_t == 0.5 and r.run_config()["u_t"] == 0.5
+    assert any("θ_t" in n for n in r.notes)
+    assert any("fallback" in n for n in r.notes)
 
 
 def test_heterogeneous_parties_with_student(demo):
@@ -226,7 +242,7 @@ def test_heterogeneous_parties_with_student(demo):
     student = build_model("lenet", 10, **KW)
     before = {k: v.clone() for k, v in student.state_dict().items()}
     r = refine(rs, ArraySource(demo["x"]), _cfg(), student=student)
-    assert r.info["heterogeneous"] and any("student" in n for n in r.info["notes"])
+    assert r.heterogeneous and any("student" in n for n in r.notes)
     assert r.probs.shape == (len(demo["y"]), 10)
     assert all(torch.equal(v, student.state_dict()[k]) for k, v in before.items())
     with pytest.raises(InputError, match="fedavg"):

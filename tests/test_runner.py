@@ -12,7 +12,7 @@ import torch
 
 from mrtf.errors import InputError
 from mrtf.federated.methods import METHODS
-from mrtf.federated.runner import RunConfig, run
+from mrtf.federated.runner import RunConfig, RunHooks, run
 
 STRIP = ("seconds", "elapsed")
 
@@ -76,7 +76,8 @@ def test_resume_after_kill_equals_uninterrupted(tmp_path):
     cfg = tiny(methods=["fedavg", "mrtf", "fedftg", "fedkf"], seeds=[0, 1],
                local_algorithm="scaffold", dp_sigma=1e-3, dp_clip=10.0)
     full = run(cfg, tmp_path / "a")
-    part = run(cfg, tmp_path / "b", halt_after=5)  # "killed" after seed 0 fedftg round 1
+    # "killed" after seed 0 fedftg round 1
+    part = run(cfg, tmp_path / "b", hooks=RunHooks(halt_after=5))
     assert len(part.records) < len(full.records)
     with pytest.raises(InputError, match="not empty"):
         run(cfg, tmp_path / "b")

@@ -31,7 +31,7 @@ def _both(received, source, tmp_path, **kw):
     base.update(kw)
     mem = refine(received, source, RefineConfig(stream="off", **base))
     out = refine(received, source, RefineConfig(stream="on", scratch_dir=str(tmp_path), **base))
-    assert out.info.get("streaming") and not mem.info.get("streaming")
+    assert out.streaming and not mem.streaming
     assert list(tmp_path.iterdir()) == []  # the scratch folder is gone
     return mem, out
 
@@ -44,20 +44,19 @@ def test_streaming_labels_equal_in_memory(setup, tmp_path, method):
     np.testing.assert_allclose(out.target_probs, mem.target_probs, atol=1e-6)
     np.testing.assert_array_equal(out.averaged_probs, mem.averaged_probs)
     if method == "adaptive":
-        assert out.info["cluster_weight"] == pytest.approx(mem.info["cluster_weight"])
-        assert [s["name"] for s in out.info["sources"]] == \
-            [s["name"] for s in mem.info["sources"]]
-        for a, b in zip(out.info["sources"], mem.info["sources"]):
-            assert a["estimated_accuracy"] == pytest.approx(b["estimated_accuracy"], abs=1e-9)
+        assert out.consensus.cluster_weight == pytest.approx(mem.consensus.cluster_weight)
+        assert [s.name for s in out.consensus.sources] == \
+            [s.name for s in mem.consensus.sources]
+        for a, b in zip(out.consensus.sources, mem.consensus.sources):
+            assert a.estimated_accuracy == pytest.approx(b.estimated_accuracy, abs=1e-9)
         # the default class prior "auto": both paths weigh the same two labelings alike
-        assert out.info["class_prior"] == mem.info["class_prior"]
-        assert mem.info["class_prior"]["chosen"] in ("learned", "uniform")
+        assert out.consensus.class_prior == mem.consensus.class_prior
+        assert mem.consensus.class_prior.chosen in ("learned", "uniform")
     # the calibrated confidence: the same evidence, read from the spill by blocks
     assert out.calibration.method == mem.calibration.method
     np.testing.assert_allclose(out.calibration.confidence, mem.calibration.confidence,
                                atol=1e-5)
-    assert out.info["estimated_accuracy"]["refined"] == \
-        pytest.approx(mem.info["estimated_accuracy"]["refined"], abs=1e-5)
+    assert out.accuracy.refined == pytest.approx(mem.accuracy.refined, abs=1e-5)
     if method != "adaptive":  # the paper's methods: every block-wise step is the in-memory one
         np.testing.assert_array_equal(out.target_probs, mem.target_probs)
         np.testing.assert_array_equal(out.probs, mem.probs)
@@ -120,12 +119,12 @@ def test_streaming_trust_leaves_the_poisoned_party_out_as_in_memory(digits_onesh
     received, source = load_received(digits_oneshot[0]), ArraySource(load_builtin("digits").x)
     bad = _poisoned(received, kind)
     mem, out = _both(bad, source, tmp_path, method="adaptive")
-    verdicts = {p["name"]: p["verdict"] for p in out.info["reliability"]}
-    assert verdicts == {p["name"]: p["verdict"] for p in mem.info["reliability"]}
+    verdicts = out.parties.verdict_of()
+    assert verdicts == mem.parties.verdict_of()
     assert verdicts[_name(bad)] == "excluded"
-    assert out.info["teachers"] == mem.info["teachers"] == len(bad.by_role("local")) - 1
-    assert out.info["verdicts"] == mem.info["verdicts"]
-    assert "reliability_samples" not in out.info  # 1,797 samples: measured on all of them
+    assert out.teachers == mem.teachers == len(bad.by_role("local")) - 1
+    assert out.parties.verdicts == mem.parties.verdicts
+    assert out.parties.samples is None  # 1,797 samples: measured on all of them
     np.testing.assert_array_equal(out.averaged_probs, mem.averaged_probs)  # θ_{t+1} rebuilt
     np.testing.assert_array_equal(out.probs.argmax(1), mem.probs.argmax(1))
 
@@ -140,10 +139,10 @@ def test_streaming_trust_options_equal_in_memory(setup, tmp_path, kw):
     np.testing.assert_array_equal(out.target_probs.argmax(1), mem.target_probs.argmax(1))
     np.testing.assert_allclose(out.target_probs, mem.target_probs, atol=1e-6)
     np.testing.assert_array_equal(out.probs.argmax(1), mem.probs.argmax(1))
-    assert out.info["aggregate"] == mem.info["aggregate"]
+    assert out.parties.aggregate == mem.parties.aggregate
     if kw.get("class_prior") == "uniform":
-        assert mem.info["debias_strength"] > 0
-        assert out.info["debias_strength"] == pytest.approx(mem.info["debias_strength"])
+        assert mem.consensus.debias_strength > 0
+        assert out.consensus.debias_strength == pytest.approx(mem.consensus.debias_strength)
 
 
 def test_trust_on_a_sample_of_a_large_target(digits_oneshot, tmp_path, monkeypatch):
@@ -158,19 +157,18 @@ def test_trust_on_a_sample_of_a_large_target(digits_oneshot, tmp_path, monkeypat
     bad = _poisoned(received, "flipped")
     mem, out = _both(bad, source, tmp_path, method="adaptive", steps=5)
     for res in (mem, out):
-        assert res.info["reliability_samples"] == 600
-        assert {p["name"]: p["verdict"] for p in res.info["reliability"]}[_name(bad)] \
-            == "excluded"
+        assert res.parties.samples == 600
+        assert res.parties.verdict_of()[_name(bad)] == "excluded"
         assert any("measured on 600 of the 1,797 target samples (seed 0)" in n
-                   for n in res.info["notes"])
-    assert out.info["reliability"] == mem.info["reliability"]
+                   for n in res.notes)
+    assert out.parties.parties == mem.parties.parties
     np.testing.assert_array_equal(out.probs.argmax(1), mem.probs.argmax(1))
     # on the refine's own device and batch (issue 36: on CUDA, a CPU report differed from the
     # refine's in float digits); floats within 1e-5 relative, which the device's fp32
     # summation order stays well inside; verdicts, reasons and counts exactly
     report = assess_received(bad, source, None, batch_size=256)
-    for got, want in zip([p.to_dict() for p in report.parties], mem.info["reliability"],
-                         strict=True):
+    for got, want in zip([p.to_dict() for p in report.parties],
+                         [p.to_dict() for p in mem.parties.parties], strict=True):
         assert got.keys() == want.keys()
         for key, value in got.items():
             if isinstance(value, float):
@@ -220,5 +218,5 @@ def test_streaming_adapts_to_a_new_target_as_in_memory(setup, tmp_path):
                        for m in received.models], [])
     mem, out = _both(new, source, tmp_path, method="adaptive", trust=False, steps=5,
                      batch_size=600)  # 3 steps per pass: SHOT refreshes its labels twice
-    assert mem.info["novelty"]["adapt"] and out.info["novelty"] == mem.info["novelty"]
+    assert mem.novelty.adapt and out.novelty == mem.novelty
     np.testing.assert_array_equal(out.probs, mem.probs)

@@ -85,7 +85,7 @@ def test_refine_estimate_and_calibration_never_read_y(digits_federation, tmp_pat
     with H5Dataset(shuffled) as b:
         rb = refine(rs, b, cfg)
     np.testing.assert_array_equal(ra.calibration.confidence, rb.calibration.confidence)
-    assert ra.info["estimated_accuracy"] == rb.info["estimated_accuracy"]
+    assert ra.accuracy == rb.accuracy
     # refine attaches the target's neighbourhoods: the full model, not the fallback
     assert "fallback" not in ra.calibration.method and not ra.calibration.notes
 

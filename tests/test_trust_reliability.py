@@ -97,17 +97,16 @@ def test_refine_default_leaves_excluded_party_out(oneshot):
     rs, target = oneshot
     with H5Dataset(target) as src:
         res = refine(poison(rs, "x100"), src, RefineConfig(steps=5, seed=0, progress=False))
-    verdicts = {p["name"]: p["verdict"] for p in res.info["reliability"]}
-    assert verdicts[rs.models[0].name] == "excluded"
-    assert res.info["teachers"] == len(rs.by_role("local")) - 1
-    assert any(rs.models[0].name in line for line in res.info["verdicts"])
+    assert res.parties.verdict_of()[rs.models[0].name] == "excluded"
+    assert res.teachers == len(rs.by_role("local")) - 1
+    assert any(rs.models[0].name in line for line in res.parties.verdicts)
 
 
 def test_paper_method_has_no_defence_by_default(oneshot):
     rs, target = oneshot
     with H5Dataset(target) as src:
         res = refine(rs, src, RefineConfig(method="fedavg", seed=0, progress=False))
-    assert "reliability" not in res.info
+    assert res.parties is None and "reliability" not in res.to_dict()
 
 
 def test_aggregates():

@@ -46,7 +46,7 @@ def variants(grid: Path, root: Path) -> None:
                 r = refine(load_received(d), src, RefineConfig(seed=seed, progress=False))
                 feats = penultimate(r.model, src)
             np.savez(out, probs=r.probs, feats=feats,
-                     adapt=bool(r.info.get("novelty", {}).get("adapt", False)))
+                     adapt=bool(r.novelty is not None and r.novelty.adapt))
             print(kind, cell, flush=True)
 
 

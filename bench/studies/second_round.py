@@ -80,9 +80,8 @@ def one(where: Path) -> dict:
         rs = load_received(where / "received")
         with unsettled():
             first = refine(rs, src, cfg)
-        novelty = first.info.get("novelty")
         row = {"r1": float((first.probs.argmax(1) == y).mean()),
-               "adapted": bool(isinstance(novelty, dict) and novelty.get("adapt"))}
+               "adapted": bool(first.novelty is not None and first.novelty.adapt)}
         theta = refine(rs, src, RefineConfig(method="fedavg", progress=False)).model
         for name, start in (("cont", first.model), ("restart", theta)):
             model = distill(copy.deepcopy(start), src, first.probs.astype(np.float32),

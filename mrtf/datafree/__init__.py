@@ -6,6 +6,7 @@
 
 from mrtf.datafree.config import FusionConfig
 from mrtf.datafree.fedftg import (
+    FtgTeachers,
     class_ensemble_weights,
     cls_loss,
     discrepancy_loss,
@@ -36,7 +37,8 @@ from mrtf.datafree.generators import (
 from mrtf.datafree.samples import dump_samples
 
 __all__ = [
-    "ConditionalGenerator", "FusionConfig", "FusionResult", "UnconditionalGenerator",
+    "ConditionalGenerator", "FtgTeachers", "FusionConfig", "FusionResult",
+    "UnconditionalGenerator",
     "aca_average", "activation_loss", "choose_method", "class_ensemble_weights", "cls_loss",
     "default_noise_dim", "discrepancy_loss", "diversity_loss", "dump_samples",
     "ensemble_logits", "fedftg_round", "fuse", "information_entropy_loss", "kd_loss",

@@ -19,6 +19,7 @@ L_md defaults to KL(class-level ensemble ‖ student), Σ_k α_k^y σ(D(x̃; ω_
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -173,24 +174,40 @@ def student_steps(st: FusionState, teachers: Sequence[nn.Module], z: torch.Tenso
     return loss.item()
 
 
-def fedftg_round(st: FusionState, teachers: Sequence[nn.Module], p_y: torch.Tensor,
-                 alpha: torch.Tensor, cfg: FusionConfig, rnd: int, rng: torch.Generator,
-                 device: torch.device, on_step: Callable[[dict], None] | None = None) -> None:
+@dataclass(frozen=True)
+class FtgTeachers:
+    """The frozen teachers of one FedFTG update and what their label counts say: p(y)
+    (Eq. 9, (C,)) and the class-level ensemble weights α (Eq. 10, (K, C), on the device)."""
+
+    models: Sequence[nn.Module]
+    p_y: torch.Tensor
+    alpha: torch.Tensor
+
+    @classmethod
+    def of(cls, models: Sequence[nn.Module], counts: Sequence[Sequence[int]],
+           device: torch.device) -> FtgTeachers:
+        return cls(models, label_distribution(counts), class_ensemble_weights(counts).to(device))
+
+
+def fedftg_round(st: FusionState, teachers: FtgTeachers, cfg: FusionConfig, rnd: int,
+                 rng: torch.Generator, device: torch.device,
+                 on_step: Callable[[dict], None] | None = None) -> None:
     """One server update of Alg. 2 (lines 3-10): I iterations of I_g generator steps and I_d
     student steps on the same z and y; both optimisers are made anew with lr × 0.998^rnd.
     Appends one record per iteration to ``st.history``; a non-finite loss raises FusionError.
     """
+    models, alpha = teachers.models, teachers.alpha
     decay = cfg.lr_decay ** rnd
     g_opt = torch.optim.Adam(st.generator.parameters(), lr=cfg.gen_lr * decay)
     s_opt = torch.optim.SGD(st.student.parameters(), lr=cfg.student_lr * decay,
                             momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     for it in range(cfg.iterations):
         z = sample_noise(cfg.batch_size, st.generator.noise_dim, rng, device)
-        y = stratified_labels(p_y, cfg.batch_size, rng).to(device)
+        y = stratified_labels(teachers.p_y, cfg.batch_size, rng).to(device)
         rec: dict[str, float] = {"round": rnd, "iteration": it}
         for _ in range(cfg.gen_steps):
-            rec.update(generator_step(st, teachers, z, y, alpha, cfg, g_opt))
-        rec["md_student"] = student_steps(st, teachers, z, y, alpha, cfg, s_opt)
+            rec.update(generator_step(st, models, z, y, alpha, cfg, g_opt))
+        rec["md_student"] = student_steps(st, models, z, y, alpha, cfg, s_opt)
         check_finite({k: v for k, v in rec.items() if k not in ("round", "iteration")},
                      f"FedFTG round {rnd} iteration {it}")
         st.history.append(rec)
@@ -214,10 +231,9 @@ def run_fedftg(teachers: Sequence[nn.Module], counts: Sequence[Sequence[int]],
     num_classes = len(counts[0])
     gen = ConditionalGenerator(num_classes, image_shape, cfg.noise_dim, cfg.activation)
     st = FusionState(student=student.to(device).eval(), generator=gen.to(device))
-    p_y = label_distribution(counts)
-    alpha = class_ensemble_weights(counts).to(device)
+    ftg = FtgTeachers.of(teachers, counts, device)
     for rnd in range(cfg.rounds):
-        fedftg_round(st, teachers, p_y, alpha, cfg, rnd, rng, device, on_step)
+        fedftg_round(st, ftg, cfg, rnd, rng, device, on_step)
     st.student.eval()
     st.generator.eval()
     return st

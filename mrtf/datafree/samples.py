@@ -39,14 +39,13 @@ def _rows(generator: nn.Module, num_classes: int, per_class: int, seed: int,
 
 def dump_samples(generator: nn.Module, path_png: str | os.PathLike, num_classes: int,
                  per_class: int = 8, seed: int = 0, teacher: nn.Module | None = None,
-                 atomic: bool = True, title: str | None = None,
-                 class_names: list[str] | None = None) -> Path:
+                 atomic: bool = True, title: str | None = None) -> Path:
     """Write a grid PNG of generated images (rows = classes) to ``path_png``, atomically.
 
     For an unconditional (FedKF) generator, rows are the ``teacher``'s predicted classes when a
     teacher is given (empty cells where it predicted that class fewer times), else plain rows.
     Nothing is written when anything fails. ``title`` heads the grid (default: what the rows
-    are); ``class_names`` label the rows (default ``class 0``, ``class 1``, ...).
+    are); the rows are labelled ``class 0``, ``class 1``, ...
     """
     import matplotlib
 
@@ -59,7 +58,6 @@ def dump_samples(generator: nn.Module, path_png: str | os.PathLike, num_classes:
     if not out.parent.is_dir():
         raise InputError(f"{out.parent}: output directory does not exist")
     rows = _rows(generator, num_classes, per_class, seed, teacher)
-    names = class_names or [f"class {c}" for c in range(num_classes)]
     if title is None:
         title = ("generated samples, one row per class" if getattr(generator, "conditional",
                                                                    False)
@@ -75,7 +73,7 @@ def dump_samples(generator: nn.Module, path_png: str | os.PathLike, num_classes:
                     img = rows[c][j]
                     ax.imshow(img[..., 0] if img.shape[-1] == 1 else img, cmap="gray",
                               vmin=0, vmax=1)
-            label = names[c] if c < len(names) else str(c)
+            label = f"class {c}"
             if not rows[c]:
                 label += " (none)"
             row[0].text(-0.1, 0.5, label, transform=row[0].transAxes, ha="right",

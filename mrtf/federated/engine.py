@@ -92,17 +92,30 @@ class RoundListener(Protocol):
     def on_round_end(self, event: RoundEvent) -> None: ...
 
 
+@dataclass(frozen=True)
+class Track:
+    """One (seed, method) track of a run: ``rounds`` rounds of ``per_round`` clients, the
+    global model scored every ``eval_every`` rounds (and after the last)."""
+
+    method: str
+    seed: int
+    rounds: int
+    per_round: int
+    eval_every: int = 1
+
+
 class Engine:
     """Runs ``rounds`` rounds of one federation with one strategy and one client algorithm."""
 
     def __init__(self, fed: Federation, strategy: Strategy, client: ClientAlgorithm,
-                 local: LocalConfig, *, method: str, seed: int, rounds: int, per_round: int,
-                 eval_every: int = 1, listeners: Sequence[RoundListener] = ()) -> None:
+                 local: LocalConfig, track: Track,
+                 listeners: Sequence[RoundListener] = ()) -> None:
         self.fed, self.strategy, self.client, self.local = fed, strategy, client, local
         self.ctx = strategy.ctx
-        self.method, self.seed, self.rounds, self.per_round = method, seed, rounds, per_round
-        self.eval_every, self.listeners = eval_every, list(listeners)
-        torch.manual_seed(seed)  # the same initial model for every method of this seed
+        self.method, self.seed, self.rounds = track.method, track.seed, track.rounds
+        self.per_round, self.eval_every = track.per_round, track.eval_every
+        self.listeners = list(listeners)
+        torch.manual_seed(self.seed)  # the same initial model for every method of this seed
         self.model = build_model(self.ctx.arch, fed.num_classes, **fed.arch_kwargs)
 
     def initial_state(self) -> TrackState:

@@ -15,8 +15,8 @@ from mrtf.federated.clients import LOCAL_ALGORITHMS
 from mrtf.federated.federation import Federation, prepare_federation
 from mrtf.federated.local import SHOT_JITTER, LocalConfig
 from mrtf.federated.methods import METHODS, MethodSettings
+from mrtf.refinery.variants import VARIANTS
 
-VARIANTS = ("paper", "reference")
 RUN_FILES = ("config.json", "config.toml", "metrics.jsonl", "metrics.h5", "accuracy.png",
              "summary.md")
 

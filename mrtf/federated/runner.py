@@ -95,12 +95,9 @@ def prepare_out(cfg: RunConfig, out: Path, resume: bool, force: bool) -> bool:
     return False
 
 
-def run(cfg: RunConfig, out: str | Path | None = None, resume: bool = False,
-        force: bool = False, progress: bool = False, device: str | None = None,
-        on_record: Callable[[dict], None] | None = None, halt_after: int | None = None,
-        on_warning: Callable[[str], None] | None = None,
-        listeners: Sequence[RoundListener] = ()) -> RunResult:
-    """Run every (seed, method) of ``cfg`` and write the run directory.
+@dataclass(frozen=True)
+class RunHooks:
+    """What a caller of :func:`run` is told as the run goes.
 
     on_record : called with each metrics row as it is written.
     on_warning : called with a strategy's first warning of each (seed, method) track.
@@ -109,6 +106,18 @@ def run(cfg: RunConfig, out: str | Path | None = None, resume: bool = False,
     halt_after : stop (as if killed) after this many rounds in total have been checkpointed;
         for testing resumption.
     """
+
+    on_record: Callable[[dict], None] | None = None
+    on_warning: Callable[[str], None] | None = None
+    listeners: Sequence[RoundListener] = ()
+    halt_after: int | None = None
+
+
+def run(cfg: RunConfig, out: str | Path | None = None, resume: bool = False,
+        force: bool = False, progress: bool = False, device: str | None = None,
+        hooks: RunHooks | None = None) -> RunResult:
+    """Run every (seed, method) of ``cfg`` and write the run directory, telling ``hooks``
+    (:class:`RunHooks`) as it goes."""
 
     cfg.validate()
     out = Path(out or cfg.out or "")
@@ -122,32 +131,23 @@ def run(cfg: RunConfig, out: str | Path | None = None, resume: bool = False,
     out.mkdir(parents=True, exist_ok=True)
     try:
         with locked_dir(out):
-            return _run_locked(cfg, out, feds, resume, force, progress, device,
-                               _Callbacks(on_record, on_warning, list(listeners)), halt_after)
+            resuming = prepare_out(cfg, out, resume, force)
+            return _run_locked(cfg, out, feds, resuming, progress, device, hooks or RunHooks())
     finally:
         if made and [p.name for p in out.iterdir()] == [RUN_LOCK]:  # refused: leave nothing
             (out / RUN_LOCK).unlink(missing_ok=True)
             out.rmdir()
 
 
-@dataclass
-class _Callbacks:
-    on_record: Callable[[dict], None] | None
-    on_warning: Callable[[str], None] | None
-    listeners: list[RoundListener]
-
-
 class _Halt(Exception):
     """Raised by the halt listener: the run stops as if killed (tests of resumption)."""
 
 
-def _run_locked(cfg: RunConfig, out: Path, feds: dict, resume: bool, force: bool,
-                progress: bool, device: str | None, given: _Callbacks, halt_after: int | None
-                ) -> RunResult:
-    """:func:`run` once the run directory is locked."""
+def _run_locked(cfg: RunConfig, out: Path, feds: dict, resuming: bool, progress: bool,
+                device: str | None, given: RunHooks) -> RunResult:
+    """:func:`run` once the run directory is locked (and checked: ``resuming`` or new)."""
     from mrtf.federated.report import render
 
-    resuming = prepare_out(cfg, out, resume, force)
     ckdir = out / "ckpt"
     ckdir.mkdir(exist_ok=True)
     if not resuming:
@@ -158,7 +158,7 @@ def _run_locked(cfg: RunConfig, out: Path, feds: dict, resume: bool, force: bool
     if progress:  # a bar on a terminal, plain lines in a log
         bar = progress_bar(len(cfg.seeds) * len(cfg.methods) * cfg.rounds, "simulate", "round")
     metrics = _MetricsFile(out)
-    halt = _HaltAfter(halt_after)
+    halt = _HaltAfter(given.halt_after)
     try:
         for seed in cfg.seeds:
             fed = feds.pop(seed, None) or prepare_run(cfg, seed)

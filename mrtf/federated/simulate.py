@@ -17,7 +17,7 @@ import torch
 
 from mrtf.device import pick_device
 from mrtf.federated.clients import make_client
-from mrtf.federated.engine import Engine, RoundEvent, RoundListener, server_context
+from mrtf.federated.engine import Engine, RoundEvent, RoundListener, Track, server_context
 from mrtf.federated.export import ReceivedHistory, config_json
 from mrtf.federated.federation import (
     Federation,
@@ -40,8 +40,8 @@ def build_engine(cfg: RunConfig, fed: Federation, seed: int, method: str,
         strategy = DifferentialPrivacy(strategy, cfg.dp_sigma, cfg.dp_clip)
     local = cfg.local_config()
     client = make_client(cfg.local_algorithm, local, cfg.clients)
-    return Engine(fed, strategy, client, local, method=method, seed=seed, rounds=cfg.rounds,
-                  per_round=cfg.per_round, eval_every=cfg.eval_every, listeners=listeners)
+    track = Track(method, seed, cfg.rounds, cfg.per_round, cfg.eval_every)
+    return Engine(fed, strategy, client, local, track, listeners)
 
 
 @dataclass

@@ -92,8 +92,8 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, outs: Outputs, job: Re
     selection = select(cal.confidence, job.min_confidence, job.coverage)
     # the model distillation starts from: the parameter average, or the given student
     # (heterogeneous parties have no average), named as what it is in text and JSON
-    own = result.info["heterogeneous"] or student is not None
-    config = {**result.info["config"], "u_t": result.info["u_t"]}
+    own = result.heterogeneous or student is not None
+    config = result.run_config()
     # every output is written to its temporary file first, then they are renamed together
     labels = LabelSet.from_probs(
         result.probs, source.ids(), cal.confidence,

@@ -19,7 +19,7 @@ import numpy as np
 from mrtf.datafree.fuse import FusionResult
 from mrtf.io.labels import LabelSet
 from mrtf.refinery.preview import PlanWatch
-from mrtf.refinery.report import RefineResult
+from mrtf.refinery.result import RefineResult
 from mrtf.trust.selective import Selection
 
 

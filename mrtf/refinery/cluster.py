@@ -8,8 +8,8 @@ import numpy as np
 
 from mrtf.compute.backend import Backend, choose_backend, gpu_backend
 from mrtf.refinery import cluster_torch
+from mrtf.refinery.variants import VARIANTS
 
-VARIANTS = ("paper", "reference")
 _MASS_EPS = 1e-6
 
 

@@ -8,13 +8,16 @@ from dataclasses import dataclass
 from mrtf.averaging import parse_aggregate
 from mrtf.errors import InputError
 from mrtf.refinery.augment import DEFAULT_JITTER, Jitter
-from mrtf.refinery.distill import DistillRun
+from mrtf.refinery.distill import BATCH_SIZE, STEPS, DistillRun
 from mrtf.refinery.neighbour_vote import NEIGHBOURS, check_neighbours
 from mrtf.refinery.prior_choice import CLASS_PRIORS
 from mrtf.refinery.registry import METHOD_SPECS, METHODS, get_method
 from mrtf.refinery.teachers import STACK_MODES
+from mrtf.refinery.variants import VARIANTS
 
-VARIANTS = ("paper", "reference")
+#: MrTF's clustered label refinery is skipped for models of the first rounds (the default
+#: of RefineConfig, of the simulator's refinery methods and of the Flower config)
+CLR_MIN_ROUND = 5
 #: The reference code normalises logits per inference batch (320-640 samples): we use 512.
 REF_STD_BATCH = 512
 STREAM_MODES = ("auto", "on", "off")
@@ -65,11 +68,11 @@ class RefineConfig:
     method: str = "adaptive"
     variant: str = "paper"
     tau: float = 4.0
-    steps: int = 500
-    batch_size: int = 64
+    steps: int = STEPS
+    batch_size: int = BATCH_SIZE
     lr: float | None = None
     clr_iterations: int = 1
-    clr_min_round: int = 5
+    clr_min_round: int = CLR_MIN_ROUND
     seed: int = 0
     device: str | None = None
     progress: bool = True

@@ -23,8 +23,12 @@ from mrtf.errors import FusionError
 from mrtf.models import has_batchnorm
 from mrtf.refinery.augment import Jitter, applies, jitter
 from mrtf.refinery.placement import kept_home
+from mrtf.refinery.variants import VARIANTS
 
-VARIANTS = ("paper", "reference")
+#: the distillation's default schedule: optimiser steps, and target rows per step (the
+#: refinery's, the simulator's refinery methods' and the Flower config's defaults read these)
+STEPS = 500
+BATCH_SIZE = 64
 #: offset of the jitter's random stream from the distillation seed
 JITTER_STREAM = 7919
 
@@ -86,8 +90,8 @@ class DistillRun:
     (batches, dropout, jitter), and ``augment``: the jitter of the student's image inputs
     (augment.py; None or non-image samples: none)."""
 
-    steps: int = 500
-    batch_size: int = 64
+    steps: int = STEPS
+    batch_size: int = BATCH_SIZE
     lr: float | None = None
     seed: int = 0
     variant: str = "paper"

@@ -25,7 +25,8 @@ with 500, 0 with 250), so the reference is 4× the grid's density of samples per
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -52,6 +53,24 @@ def check_neighbours(k: int) -> None:
         raise InputError(f"--neighbour-vote must be >= 0 (0: off), got {k}")
 
 
+@dataclass(frozen=True)
+class NeighbourVoteSummary:
+    """What ``RefineResult.neighbour_vote`` records of a vote: k neighbours per sample,
+    searched among ``reference`` rows; ``changed`` labels differ from the model's own
+    prediction."""
+
+    k: int
+    reference: int
+    changed: int
+
+    def line(self) -> str:
+        return (f"neighbour vote (k = {self.k}, among {self.reference:,} samples): "
+                f"{self.changed:,} labels differ from the refined model's own prediction")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 @dataclass
 class NeighbourVote:
     """probs (M, C) float32: the refined model's own softmax. voted (M, C) float32: p̃, the
@@ -67,9 +86,9 @@ class NeighbourVote:
     def changed(self) -> int:
         return int((self.probs.argmax(1) != self.voted.argmax(1)).sum())
 
-    def info(self) -> dict:
-        return {"k": int(self.neighbours.shape[1]), "reference": self.reference,
-                "changed": self.changed}
+    def summary(self) -> NeighbourVoteSummary:
+        return NeighbourVoteSummary(int(self.neighbours.shape[1]), self.reference,
+                                    self.changed)
 
 
 def _unit(h: np.ndarray) -> torch.Tensor:

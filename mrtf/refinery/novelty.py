@@ -31,7 +31,8 @@ without a signal the refinery votes (the behaviour before).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -59,6 +60,9 @@ class Novelty:
         return (f"target novelty: the parties' entropy on it {self.target_entropy:.3f} vs "
                 f"their training loss {self.train_loss:.3f} nats (gap {self.gap:+.3f}, "
                 f"threshold {NOVELTY_GAP}): {what}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "line": self.line()}
 
 
 def mean_entropies(logits, k: int, block_bytes: int = 2**25) -> np.ndarray:

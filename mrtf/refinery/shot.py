@@ -252,16 +252,29 @@ def shot_adapt(model: nn.Module, source, settings: ShotSettings | None = None, s
     for p, _ in saved:
         p.requires_grad_(False)  # the source hypothesis is kept (SHOT Sect. 3.2)
     try:
-        _train(model, head, source, cfg, seed, dev, progress, spill, scratch_dir)
+        _train(model, head, source, _AdaptRun(cfg, seed, dev, progress, spill, scratch_dir))
     finally:
         for p, flag in saved:
             p.requires_grad_(flag)
     return model.to(home).eval()
 
 
-def _train(model: nn.Module, head: nn.Linear, source, cfg: ShotSettings, seed: int,
-           dev: torch.device, progress: bool, spill: bool = False,
-           scratch_dir: str | None = None) -> None:
+@dataclass(frozen=True)
+class _AdaptRun:
+    """How one :func:`shot_adapt` call trains: its settings, seed and device, whether it
+    shows progress, and whether the pseudo-label pass spills the features (to
+    ``scratch_dir``)."""
+
+    cfg: ShotSettings
+    seed: int
+    dev: torch.device
+    progress: bool
+    spill: bool = False
+    scratch_dir: str | None = None
+
+
+def _train(model: nn.Module, head: nn.Linear, source, run: _AdaptRun) -> None:
+    cfg, seed, dev = run.cfg, run.seed, run.dev
     params = [p for p in model.parameters() if p.requires_grad]
     m = len(source)
     steps = cfg.num_steps(m)
@@ -278,9 +291,11 @@ def _train(model: nn.Module, head: nn.Linear, source, cfg: ShotSettings, seed: i
     from tqdm import tqdm
 
     model.train()
-    for step, idx in enumerate(tqdm(batches, desc="shot", leave=False, disable=not progress)):
+    for step, idx in enumerate(tqdm(batches, desc="shot", leave=False,
+                                    disable=not run.progress)):
         if cfg.beta > 0 and step % every == 0:
-            labels = _refresh(model, head, source, cfg.cluster_iters, dev, spill, scratch_dir)
+            labels = _refresh(model, head, source, cfg.cluster_iters, dev, run.spill,
+                              run.scratch_dir)
         x = torch.from_numpy(data[np.searchsorted(rows, idx)]).to(dev)
         loss = _loss(model(x), None if labels is None else labels[idx].to(dev), cfg)
         value = float(loss.detach())

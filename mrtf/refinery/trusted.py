@@ -5,7 +5,7 @@ the refinery's core reads on its own."""
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -15,6 +15,14 @@ from mrtf.averaging import average_received
 from mrtf.io.hdf5 import RowSubset
 from mrtf.refinery.adaptive import estimated_accuracy
 from mrtf.refinery.config import RefineConfig
+from mrtf.refinery.result import (
+    AccuracyEstimate,
+    BasinVerdict,
+    ClassPriorUsed,
+    ConsensusAccount,
+    ConsensusView,
+    PartyChecks,
+)
 from mrtf.refinery.teachers import check_finite, teacher_logits
 from mrtf.trust.basin import SHARED_COSINE, assess_basin, weight_cosine
 from mrtf.trust.calibration import Signals, calibrate, uncalibrated
@@ -51,47 +59,44 @@ def calibration_of(probs: np.ndarray, signals):
     return calibrate(probs, signals)
 
 
-def calibrated(probs: np.ndarray, before: np.ndarray, signals, consensus_view) -> tuple:
-    """The labels' calibration and the info entries both refine paths report: the label-free
-    estimate of the labels' accuracy (mrtf.trust.calibration), of θ_{t+1}'s before refinement,
-    and the consensus' own view (optimistic where the models are weak)."""
+def calibrated(probs: np.ndarray, before: np.ndarray, signals,
+               consensus_view: ConsensusView | None) -> tuple[Any, AccuracyEstimate]:
+    """The labels' calibration and the label-free estimate of their accuracy both refine
+    paths report (mrtf.trust.calibration), with θ_{t+1}'s before refinement and the
+    consensus' own view (optimistic where the models are weak)."""
     cal = calibration_of(probs, signals)
     averaged = None if signals is None else calibration_of(before, signals).estimated_accuracy
-    return cal, {"estimated_accuracy": {"refined": cal.estimated_accuracy,
-                                        "plus_minus": cal.plus_minus, "method": cal.method,
-                                        "averaged": averaged, "consensus_view": consensus_view},
-                 "calibration": cal.attrs()}
+    return cal, AccuracyEstimate(cal.estimated_accuracy, cal.plus_minus, cal.method, averaged,
+                                 consensus_view)
 
 
-def adaptive_info(adaptive, probs: np.ndarray, before: np.ndarray) -> dict[str, Any]:
-    """The adaptive method's account: one line per source, and label-free accuracy estimates
-    of the refined and the averaged model under the consensus."""
-    info: dict[str, Any] = {"sources": [asdict(t) for t in adaptive.sources],
-                            "trust": [t.line() for t in adaptive.sources],
-                            "consensus_confidence": adaptive.confidence,
-                            "cluster_weight": adaptive.cluster_weight,
-                            "debias_strength": adaptive.debias_strength}
-    prior = prior_info(adaptive)
-    if prior is not None:
-        info["class_prior"] = prior
-    if adaptive.consensus is not None:
-        post = adaptive.consensus.posterior
-        info["estimated_accuracy"] = {"refined": estimated_accuracy(post, probs),
-                                      "averaged": estimated_accuracy(post, before)}
-    return info
+def consensus_account(adaptive) -> ConsensusAccount:
+    """The adaptive method's account: each source's weight and why, the class prior."""
+    return ConsensusAccount(tuple(adaptive.sources), adaptive.confidence,
+                            adaptive.cluster_weight, adaptive.debias_strength,
+                            class_prior_used(adaptive))
 
 
-def prior_info(adaptive) -> dict[str, Any] | None:
+def consensus_view(adaptive, probs: np.ndarray, before: np.ndarray) -> ConsensusView | None:
+    """Label-free accuracy estimates of the refined and the averaged model under the
+    consensus (None when no model was informative)."""
+    if adaptive.consensus is None:
+        return None
+    post = adaptive.consensus.posterior
+    return ConsensusView(estimated_accuracy(post, probs), estimated_accuracy(post, before))
+
+
+def class_prior_used(adaptive) -> ClassPriorUsed | None:
     """The class prior the consensus used, and why, with the line ``refine`` prints (None for
     the learned prior when nothing was chosen)."""
     bias = f"each model's class bias divided out (strength {adaptive.debias_strength:.2f})"
     if adaptive.prior is not None:
         line = adaptive.prior.line()
-        return {**asdict(adaptive.prior),
-                "line": line + (f"; {bias}" if adaptive.debias_strength > 0 else "")}
+        return ClassPriorUsed(adaptive.prior.chosen,
+                              line + (f"; {bias}" if adaptive.debias_strength > 0 else ""),
+                              adaptive.prior)
     if adaptive.debias_strength > 0:
-        return {"chosen": "uniform", "agreement": None,
-                "line": f"class prior: uniform (as given), {bias}"}
+        return ClassPriorUsed("uniform", f"class prior: uniform (as given), {bias}")
     return None
 
 
@@ -110,19 +115,13 @@ class Trusted:
     basin: Any = None
     basin_line: str | None = None
 
-    def info(self, aggregate: str) -> dict[str, Any]:
-        """What both refine paths report: per-party reliability, verdicts, the aggregate."""
-        out = {"reliability": [p.to_dict() for p in self.report.parties],
-               "verdicts": [p.line() for p in self.report.parties], "aggregate": aggregate}
-        if self.rows is not None:
-            out["reliability_samples"] = len(self.rows)
-        if self.basin is not None:
-            out["basin"] = {"line": self.basin_line, "cosine": self.basin.cosine,
-                            "average_agreement": self.basin.average_agreement,
-                            "party_agreement": self.basin.party_agreement,
-                            "shared_start": self.basin.shared_start,
-                            "average_used": self.basin.average_works}
-        return out
+    def checks(self, aggregate: str) -> PartyChecks:
+        """What refine reports: per-party reliability and verdicts, the aggregate, the basin."""
+        basin = None if self.basin is None else BasinVerdict(
+            self.basin_line, self.basin.cosine, self.basin.average_agreement,
+            self.basin.party_agreement, self.basin.shared_start, self.basin.average_works)
+        return PartyChecks(tuple(self.report.parties), aggregate,
+                           None if self.rows is None else len(self.rows), basin)
 
 
 def apply_trust(plan, source, config: RefineConfig, dev: torch.device,

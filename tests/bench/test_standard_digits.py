@@ -26,10 +26,12 @@ def bench(monkeypatch):
     d = load_digits()
     x, y = (d.images / 16.0).astype(np.float32)[:, None], d.target.astype(np.int64)
 
-    def tiny(name, split, size, channels):  # real digits stand in for the standard sets
+    def tiny(name, split, size, channels, frame="resize"):  # real digits stand in
         rows = slice(0, 400) if split == "train" else slice(1000, 1200)
+        mod.loads.append((name, split, frame))
         return ArrayDataset(f"{name}:{split}", x[rows], y[rows])
 
+    mod.loads = []
     monkeypatch.setattr(mod, "_dataset", tiny)
     monkeypatch.setitem(mod.PAIRS, "tiny", mod.Pair("usps", "mnist", 8, 1))
     monkeypatch.setitem(mod.EPOCHS, ("default", "usps"), (1, 1))
@@ -70,3 +72,21 @@ def test_jobs_and_shards(bench):
     assert cfg.local_augment and cfg.arch == "lenet_shot" and cfg.label_smoothing == 0.1
     assert not bench.run_config(k1["mnist-usps"]).local_augment
     assert len({tuple(j.name for j in jobs[i::2]) for i in (0, 1)}) == 2
+
+
+def test_framed_usps_pairs_are_their_own_cells(bench):
+    """USPS framed as MNIST (data/standard.py, frame="mnist") only where named; cells apart."""
+    assert "mnist-usps-framed" not in bench.DEFAULT_PAIRS
+    args = Namespace(pairs="mnist-usps,mnist-usps-framed,usps-framed-mnist", settings="k1",
+                     recipes="shot", seeds="0", epochs=None)
+    jobs = {j.pair: j for j in bench.jobs_of(args)}
+    assert jobs["mnist-usps-framed"].name == "mnist-usps-framed-k1-shot-E30-s0"
+    assert len({j.name for j in jobs.values()}) == 3
+    framed_target = bench.run_config(jobs["mnist-usps-framed"])
+    assert (framed_target.dataset, framed_target.target) == ("mnist:train", "usps:test:framed")
+    framed_source = bench.run_config(jobs["usps-framed-mnist"])
+    assert framed_source.dataset == "usps:train:framed" and framed_source.local_augment
+    framed_source.validate()
+    assert bench.run_config(jobs["mnist-usps"]).target == "usps:test"
+    bench.federation(framed_source, jobs["usps-framed-mnist"])
+    assert bench.loads == [("usps", "train", "mnist"), ("mnist", "test", "resize")]

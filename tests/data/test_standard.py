@@ -65,8 +65,8 @@ def test_mnist_to_mnistm_form_and_luminance(standard, shared_data):
 
 
 def test_names_and_splits():
-    assert parse_standard_name("mnist") == ("mnist", "test")
-    assert parse_standard_name("usps:train") == ("usps", "train")
+    assert parse_standard_name("mnist") == ("mnist", "test", "resize")
+    assert parse_standard_name("usps:train") == ("usps", "train", "resize")
     assert parse_standard_name("mnist5k") is None and parse_standard_name("x.h5") is None
     with pytest.raises(InputError, match="only its test split"):
         parse_standard_name("mnistm:train")

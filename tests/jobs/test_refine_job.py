@@ -78,14 +78,14 @@ def test_library_job_says_the_plan_before_the_work_and_writes_the_labels(digits_
     assert said[-1] == f"wrote labels for {done.samples} samples to {tmp_path / 'l.h5'}"
     preview = dict(recorder.events)["planned"]
     assert preview.method == "adaptive" and preview.average
-    assert len(preview.verdicts) == len(done.result.info["verdicts"])
+    assert preview.verdicts == done.result.parties.verdicts
     assert isinstance(done, RefinedFiles)
     written = read_labels(tmp_path / "l.h5")
     assert np.array_equal(written.labels, done.labels.labels)
     assert np.array_equal(written.labels, done.result.probs.argmax(1))
     # the job settles stream and scratch_dir on its own copy, never on the caller's config
     assert config.stream == "auto" and config.scratch_dir is None
-    assert done.result.info["config"]["scratch_dir"] == str(tmp_path)
+    assert done.result.config.scratch_dir == str(tmp_path)
 
 
 def test_cli_prints_the_plan_before_the_distillation(digits_federation, tmp_path,

@@ -71,6 +71,6 @@ def test_a_registered_method_refines_in_memory_and_spilled(toy, digits_federatio
     np.testing.assert_allclose(mem.target_probs, want, atol=1e-6)
     np.testing.assert_array_equal(out.target_probs, mem.target_probs)
     np.testing.assert_array_equal(out.probs, mem.probs)
-    assert mem.info["method"] == NAME and mem.info["teachers"] == len(teachers)
+    assert mem.config.method == NAME and mem.teachers == len(teachers)
     assert mem.model_probs is None  # the method does not vote
     assert isinstance(mem.model, torch.nn.Module) and list(Path(tmp_path).iterdir()) == []

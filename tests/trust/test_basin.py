@@ -108,14 +108,14 @@ def test_independent_parties_are_not_attackers_and_not_averaged(independent):
     # said before the data pass: no average, the student starts as the best party, no one
     # flagged; and preview() (inspect --data) gives the same plan without refining
     assert not watched.plan.average and "starts as party" in watched.plan.start
-    assert watched.plan.basin == res.info["basin"]["line"] and watched.plan.flagged == []
+    assert watched.plan.basin == res.parties.basin.line and watched.plan.flagged == []
     assert preview(rs, src, RefineConfig(seed=0, progress=False)) == \
         (watched.plan, watched.choice)
-    basin = res.info["basin"]
-    assert not basin["shared_start"] and not basin["average_used"]
-    assert res.info["notes"][0].startswith("parties trained from their own starts")
-    assert "no parameter average" in res.info["notes"][0]
-    assert all(p["verdict"] == "trusted" for p in res.info["reliability"])
+    basin = res.parties.basin
+    assert not basin.shared_start and not basin.average_used
+    assert res.notes[0].startswith("parties trained from their own starts")
+    assert "no parameter average" in res.notes[0] and basin.line == res.notes[0]
+    assert all(p.verdict == "trusted" for p in res.parties.parties)
     assert accuracy_of(res.probs, y) >= _ensemble_accuracy(rs, src, y)
     # inspect --data says the same, and flags no one
     report = assess_received(rs, src)
@@ -125,7 +125,7 @@ def test_independent_parties_are_not_attackers_and_not_averaged(independent):
 def test_shared_start_is_averaged_and_nobody_flagged(shared):
     rs, src, _ = shared
     res = refine(rs, src, RefineConfig(seed=0, progress=False))
-    basin = res.info["basin"]
-    assert basin["shared_start"] and basin["average_used"]
-    assert all(p["verdict"] == "trusted" for p in res.info["reliability"])
-    assert res.info["notes"][0].startswith("parties share a basin")
+    basin = res.parties.basin
+    assert basin.shared_start and basin.average_used
+    assert all(p.verdict == "trusted" for p in res.parties.parties)
+    assert res.notes[0].startswith("parties share a basin")

@@ -180,8 +180,8 @@ def test_refine_with_a_round_claim_keeps_its_labels(clean, digits_oneshot):
         base = accuracy_of(refine(clean, src, cfg).probs, y)
         res = refine(with_models(clean, [bad, *clean.models[1:]]), src, cfg)
     assert accuracy_of(res.probs, y) >= base - 0.02
-    assert any(n.startswith("refused: ") and m.path.name in n for n in res.info["notes"])
-    assert res.info["teachers"] == 5
+    assert any(n.startswith("refused: ") and m.path.name in n for n in res.notes)
+    assert res.teachers == 5
 
 
 def test_many_files_are_compared_without_a_quadratic_cost():

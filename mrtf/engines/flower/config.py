@@ -17,8 +17,14 @@ from typing import Any
 from mrtf.errors import InputError
 from mrtf.federated.local import LocalConfig
 from mrtf.federated.methods import METHODS, MethodSettings
+from mrtf.federated.run_config import RunConfig
+from mrtf.refinery.config import RefineConfig
+from mrtf.refinery.variants import VARIANTS
 
 MODES = ("train", "pilot")
+#: the defaults a Flower run shares with the in-process simulator (a run config holds no
+#: None: 0 and "" stand for it), read from their one definition
+_RUN, _METHOD, _REFINE = RunConfig(), MethodSettings(), RefineConfig()
 MAX_ROUNDS = 100_000
 MAX_PARTIES = 100_000
 
@@ -42,28 +48,28 @@ class FlowerConfig:
     out: str = ""
     force: bool = False
     num_classes: int = 10
-    arch: str = "lenet"
+    arch: str = _RUN.arch
     norm: str = ""
-    epochs: int = 2
+    epochs: int = _RUN.epochs
     local_steps: int = 0
-    lr: float = 0.05
-    batch_size: int = 16
-    mu: float = 0.0
-    eval_every: int = 1
+    lr: float = _RUN.lr
+    batch_size: int = _RUN.batch_size
+    mu: float = _RUN.mu
+    eval_every: int = _RUN.eval_every
     threads: int = 0
     # server methods (MethodSettings)
-    refine_steps: int = 500
+    refine_steps: int = _METHOD.refine_steps
     refine_lr: float = 0.0
-    variant: str = "paper"
-    clr_min_round: int = 5
-    keep_training_on_average: bool = False
-    fusion_iterations: int = 10
-    fusion_student_steps: int = 5
+    variant: str = _METHOD.variant
+    clr_min_round: int = _METHOD.clr_min_round
+    keep_training_on_average: bool = _METHOD.keep_training_on_average
+    fusion_iterations: int = _METHOD.fusion_iterations
+    fusion_student_steps: int = _METHOD.fusion_student_steps
     fusion_batch: int = 0
-    fedkf_kd_from_round: int = 0
-    fedkf_oca: str = "paper"
+    fedkf_kd_from_round: int = _METHOD.fedkf_kd_from_round
+    fedkf_oca: str = _METHOD.fedkf_oca
     # pilot mode: the refinery's method and steps, as `mrtf refine --method --steps`
-    pilot_method: str = "adaptive"
+    pilot_method: str = _REFINE.method
 
     @classmethod
     def from_run_config(cls, run_config: dict[str, Any]) -> FlowerConfig:
@@ -102,8 +108,8 @@ class FlowerConfig:
         bad(self.eval_every < 1, "eval-every must be >= 1")
         bad(self.threads < 0, "threads must be >= 0 (0: torch's default)")
         bad(self.refine_steps < 0, "refine-steps must be >= 0")
-        bad(self.variant not in ("paper", "reference"), "variant must be paper or reference")
-        bad(self.fedkf_oca not in ("paper", "reference"), "fedkf-oca must be paper or reference")
+        bad(self.variant not in VARIANTS, "variant must be paper or reference")
+        bad(self.fedkf_oca not in VARIANTS, "fedkf-oca must be paper or reference")
         self.local_config()  # its own checks
 
     @property

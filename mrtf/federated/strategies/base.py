@@ -24,6 +24,8 @@ from torch import nn
 from mrtf.averaging import average_states
 from mrtf.federated.local import LocalConfig, LocalResult
 from mrtf.models import build_model
+from mrtf.refinery.config import CLR_MIN_ROUND
+from mrtf.refinery.distill import STEPS
 
 #: columns every metrics row carries (None where a method has no such model)
 SCORES = ("averaged", "ensemble", "refined", "aca", "oca")
@@ -40,10 +42,10 @@ def sub_seed(*parts: int | str) -> int:
 class MethodSettings:
     """Server-side knobs shared by the strategies (defaults: the papers)."""
 
-    refine_steps: int = 500
+    refine_steps: int = STEPS
     refine_lr: float | None = None
     variant: str = "paper"
-    clr_min_round: int = 5
+    clr_min_round: int = CLR_MIN_ROUND
     keep_training_on_average: bool = False
     fusion_iterations: int = 10  # FedFTG I per communication round
     fusion_student_steps: int = 5  # FedFTG I_d

@@ -6,7 +6,7 @@ import torch
 
 from mrtf.datafree.common import FusionState, freeze
 from mrtf.datafree.config import FusionConfig
-from mrtf.datafree.fedftg import class_ensemble_weights, fedftg_round, label_distribution
+from mrtf.datafree.fedftg import FtgTeachers, fedftg_round
 from mrtf.datafree.generators import ConditionalGenerator
 from mrtf.federated.strategies.base import (
     Aggregated,
@@ -46,9 +46,7 @@ class FedFTGStrategy(Strategy):
         rng = torch.Generator().manual_seed(seed)
         torch.manual_seed(seed)
         st = FusionState(student=student.eval(), generator=self.generator.to(dev))
-        p_y = label_distribution(counts)
-        alpha = class_ensemble_weights(counts).to(dev)
-        fedftg_round(st, teachers, p_y, alpha, cfg, rnd, rng, dev)
+        fedftg_round(st, FtgTeachers.of(teachers, counts, dev), cfg, rnd, rng, dev)
         self.generator = st.generator.cpu()
         fused = cpu_state(st.student)
         return Aggregated(fused, "refined", states={"averaged": avg, "refined": fused})

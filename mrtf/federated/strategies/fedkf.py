@@ -4,6 +4,7 @@ of every client's latest model) and the client update it replaces local SGD with
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -64,8 +65,9 @@ class FedKFStrategy(Strategy):
         if rnd < self.ctx.settings.fedkf_kd_from_round:
             return None
         teacher = self.ctx.build(self.oca)
-        res = fedkf_local_train(model, teacher, self._generator(k), x, y, self.ctx.num_classes,
-                                local, self.cfg, seed, self.ctx.device)
+        kf = KfDistillation(teacher, self._generator(k), self.cfg)
+        res = fedkf_local_train(model, kf, x, y, self.ctx.num_classes, local, seed,
+                                self.ctx.device)
         self.generators[k] = self.generators[k].cpu()
         return res
 
@@ -107,17 +109,28 @@ class FedKFStrategy(Strategy):
             self._generator(int(c)).load_state_dict(part(f"gen.{c}."))
 
 
-def fedkf_local_train(model: nn.Module, teacher: nn.Module, generator: nn.Module,
-                      x: torch.Tensor, y: torch.Tensor, num_classes: int, local: LocalConfig,
-                      cfg: FusionConfig, seed: int, device: torch.device | str = "cpu"
-                      ) -> LocalResult:
+@dataclass(frozen=True)
+class KfDistillation:
+    """What a FedKF client distils from: the teacher (the server's OCA model), the client's
+    own generator (persistent, trained in place) and the fusion settings (γ, T, the
+    generator's lr and batch)."""
+
+    teacher: nn.Module
+    generator: nn.Module
+    cfg: FusionConfig
+
+
+def fedkf_local_train(model: nn.Module, kf: KfDistillation, x: torch.Tensor, y: torch.Tensor,
+                      num_classes: int, local: LocalConfig, seed: int,
+                      device: torch.device | str = "cpu") -> LocalResult:
     """FedKF's ClientUpdate (Alg. 1 lines 13-22): per local batch one generator step on
     L_G (Eq. 5) against the frozen teacher, then one model step on
-    CE(real batch) + γ·KL(σ(teacher(x̂)) ‖ σ(model(x̂))) (Eq. 6-8). ``generator`` is trained in
-    place (persistent per client); ``model`` is not changed. Reported loss: the CE part."""
+    CE(real batch) + γ·KL(σ(teacher(x̂)) ‖ σ(model(x̂))) (Eq. 6-8). ``kf.generator`` is trained
+    in place (persistent per client); ``model`` is not changed. Reported loss: the CE part."""
+    cfg = kf.cfg
     net = copy.deepcopy(model).to(device).train()
-    teacher = freeze(copy.deepcopy(teacher).to(device))
-    gen = generator.to(device)
+    teacher = freeze(copy.deepcopy(kf.teacher).to(device))
+    gen = kf.generator.to(device)
     g_opt = torch.optim.Adam(gen.parameters(), lr=cfg.gen_lr)
     opt = torch.optim.SGD(net.parameters(), lr=local.lr, momentum=local.momentum,
                           weight_decay=local.weight_decay)
