@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import signal
 import sys
 import threading
@@ -12,7 +11,6 @@ from collections.abc import Callable
 from typing import Any
 
 import click
-import numpy as np
 
 from mrtf.errors import PRINT_LIMIT, FusionError, InputError, printable
 
@@ -54,33 +52,6 @@ class MrtfGroup(click.Group):
         finally:
             if old is not None:
                 signal.signal(signal.SIGTERM, old)
-
-
-def run_guarded(work: Callable[[], Any]) -> Any:
-    """Run the heavy part of a command; running out of memory becomes one line, and so does a
-    failure inside faiss, which only non-finite features (models whose outputs overflow on
-    this data) cause. numpy's overflow warnings are silenced: the outputs are checked for
-    finiteness before anything is written, and that check says what went wrong."""
-    try:
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            return work()
-    except MemoryError:
-        raise InputError("ran out of memory (the data or the models are too large for this "
-                         "machine); nothing was written") from None
-    except (AssertionError, RuntimeError) as exc:
-        if not _raised_in_faiss(exc):
-            raise
-        raise FusionError("clustering failed on non-finite features (the models' outputs "
-                          "overflow float32 on this data); nothing was written") from None
-
-
-def _raised_in_faiss(exc: BaseException) -> bool:
-    tb = exc.__traceback__
-    while tb is not None:
-        if f"{os.sep}faiss{os.sep}" in tb.tb_frame.f_code.co_filename:
-            return True
-        tb = tb.tb_next
-    return False
 
 
 def output_options(func: Callable) -> Callable:

@@ -8,10 +8,16 @@ import click
 
 from mrtf.cli.common import Out, output_options, shown, table
 from mrtf.errors import InputError
-from mrtf.io.bundles import MODEL_SUFFIXES, load_bundle, load_received
-from mrtf.io.hdf5 import describe_h5
+from mrtf.io.bundles import MODEL_SUFFIXES, ReceivedSet, load_bundle, load_received
+from mrtf.io.fits import check_model_fits
+from mrtf.io.hdf5 import H5Dataset, RowSubset, describe_h5
 from mrtf.io.limits import check_memory, labeling_bytes
+from mrtf.jobs.guard import run_guarded
+from mrtf.refinery.assess import assess_received
+from mrtf.refinery.config import RefineConfig
+from mrtf.refinery.pipeline import preview
 from mrtf.trust.parties import plan_parties
+from mrtf.trust.received import sample_rows
 
 
 @click.command()
@@ -27,7 +33,8 @@ def inspect(path: Path, trust_arch: tuple[str, ...], out: Out, data: Path | None
             device: str | None = None) -> None:
     """Show a received-models directory, one model file, or an HDF5 file. With --data, a
     received directory also gets a per-party reliability table (trusted / down-weighted /
-    excluded, and why)."""
+    excluded, and why) and the plan ``mrtf refine --data`` would follow with its defaults
+    (teachers, the parameter average or not, vote or adapt), without refining."""
     if not path.exists():
         raise InputError(f"{path}: no such file or directory")
     if data is not None and not path.is_dir():
@@ -90,21 +97,19 @@ def _inspect_dir(path: Path, trust: tuple[str, ...], out: Out, data: Path | None
     for r in plan_parties(received, "refine") if received.models else []:
         if r.suspicious:
             out.warn(f"not used: {r.file} ({r.party}): {r.why}")
-    reliability = None
+    reliability = plan = None
     if data is not None:
-        reliability = _reliability(received, data, device, out)
+        reliability, plan = _reliability(received, data, device, out)
     out.summary({"command": "inspect", "kind": "received", "models": rows,
                  "valid": len(received.models), "refused": len(received.refused),
-                 "reliability": reliability})
+                 "reliability": reliability, "plan": plan})
 
 
-def _reliability(received, data: Path, device: str | None, out: Out) -> list[dict]:
-    """Every local model of the newest round measured on ``data``: the table and verdicts."""
-    from mrtf.cli.common import run_guarded
-    from mrtf.io.fits import check_model_fits
-    from mrtf.io.hdf5 import H5Dataset
-    from mrtf.trust.received import assess_received
-
+def _reliability(received: ReceivedSet, data: Path, device: str | None, out: Out
+                 ) -> tuple[list[dict], list[str]]:
+    """Every local model of the newest round measured on ``data``: the table and verdicts;
+    then refine's plan (:func:`_plan`). Returns the parties' reliability and the plan's
+    lines."""
     if not received.models:
         raise InputError("no valid received model to measure on --data")
     with H5Dataset(data) as source:
@@ -119,6 +124,8 @@ def _reliability(received, data: Path, device: str | None, out: Out) -> list[dic
                              m.meta.arch_kwargs)
         report = run_guarded(lambda: assess_received(received, source, device,
                                                      progress=out.progress))
+        plan = _plan(received, source, device, out)
+    # first what the checks measured, then what refine would do with it
     out.say(f"\nreliability on {data.name} ({len(report.parties)} local models; y not used)")
     out.say(table(report.rows(), report.HEADER))
     for note in report.notes:
@@ -126,7 +133,29 @@ def _reliability(received, data: Path, device: str | None, out: Out) -> list[dic
     flagged = report.flagged
     out.say(f"{len(flagged)} flagged: " + (", ".join(f"{p.name} ({p.verdict})" for p in flagged)
                                           if flagged else "none"))
-    return [p.to_dict() for p in report.parties]
+    out.say(f"\nplan of mrtf refine --data {data.name} (its defaults; nothing is refined)")
+    for line in plan:
+        out.say(line)
+    return [p.to_dict() for p in report.parties], plan
+
+
+def _plan(received: ReceivedSet, source: H5Dataset, device: str | None, out: Out
+          ) -> list[str]:
+    """The plan ``mrtf refine`` with its defaults would follow (mrtf.refinery.preview): its
+    party checks and data pass, on the rows the checks read (all of a target up to
+    mrtf.trust.received.TRUST_SAMPLE samples, else the same seeded subset), no distillation.
+    A refusal (parties of different architectures need a student) is the plan's line;
+    the lines are returned, not said."""
+    config = RefineConfig(device=device, progress=out.progress)
+    rows = sample_rows(len(source), config.seed)
+    seen = source if rows is None else RowSubset(source, rows)
+    try:
+        plan, choice = run_guarded(lambda: preview(received, seen, config))
+    except InputError as exc:
+        lines = [f"plan: refine would stop here: {exc}"]
+    else:
+        lines = [*plan.lines(), f"plan: {choice}"]
+    return lines
 
 
 def _counts(counts: list[int] | None) -> str:

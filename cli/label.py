@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from mrtf.cli.common import Out, output_options, run_guarded
+from mrtf.cli.common import Out, output_options
 from mrtf.errors import InputError
 from mrtf.io.bundles import load_bundle
 from mrtf.io.hdf5 import H5Dataset
@@ -18,6 +18,7 @@ from mrtf.io.labels import write_labels
 from mrtf.io.labels_csv import write_labels_csv
 from mrtf.io.limits import check_memory, labeling_bytes
 from mrtf.io.outputs import Outputs
+from mrtf.jobs.guard import run_guarded
 from mrtf.labeling import label as label_data
 from mrtf.progress import log_lines
 from mrtf.refinery import accuracy_of

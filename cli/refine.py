@@ -1,4 +1,9 @@
-"""``mrtf refine``: the pilot party's main job, received models + data → model and labels."""
+"""``mrtf refine``: the pilot party's main job, received models + data → model and labels.
+
+The options build a :class:`mrtf.jobs.RefineJob` (checked once, there) and
+:func:`mrtf.jobs.refine_files` does the work; this module only prints what the job says
+(:class:`CliReporter`): the parties table and the plan before the long steps, the account
+after, and the ``--json`` summary."""
 
 from __future__ import annotations
 
@@ -6,36 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import click
-import numpy as np
 
-from mrtf.averaging import parse_aggregate
-from mrtf.cli.common import Out, output_options, run_guarded
+from mrtf.cli.common import Out, output_options
+from mrtf.cli.plan import say_plan
 from mrtf.cli.refine_report import say_account, say_selection, scores, summary
-from mrtf.errors import InputError
-from mrtf.io.bundles import (
-    BundleMeta,
-    ReceivedSet,
-    load_bundle,
-    load_received,
-    model_files,
-    save_bundle,
-)
-from mrtf.io.fits import check_model_fits
-from mrtf.io.hdf5 import H5Dataset
-from mrtf.io.labels import LabelSet, write_labels
-from mrtf.io.labels_csv import write_labels_csv
-from mrtf.io.limits import check_memory
-from mrtf.io.outputs import Outputs
-from mrtf.io.refined import new_student, refined_meta, student_of_onnx_set
-from mrtf.progress import log_lines
-from mrtf.refinery import METHODS, RefineConfig, refine
-from mrtf.refinery.augment import applies
-from mrtf.refinery.neighbour_vote import NEIGHBOURS, check_neighbours
+from mrtf.jobs import FusedFiles, RefinedFiles, RefineJob, Reporter, refine_files
+from mrtf.refinery import METHODS, RefineConfig
+from mrtf.refinery.neighbour_vote import NEIGHBOURS
+from mrtf.refinery.preview import RefinePreview
 from mrtf.refinery.registry import method_help
-from mrtf.refinery.storage import memory_estimate, use_streaming
-from mrtf.trust.basin import start_line
-from mrtf.trust.parties import describe, duplicate_parties, plan_parties
-from mrtf.trust.selective import check_selection, select
 
 
 @click.command(name="refine")
@@ -118,210 +102,72 @@ def refine_cmd(received: Path, data: Path | None, labels_out: Path | None,
                ) -> None:
     """Refine RECEIVED models into one model and labels for --data (MrTF), or, without
     --data, fuse them data-free (FedFTG / FedKF)."""
-    if (labels_out is not None or csv_out is not None) and data is None:
-        raise InputError("--labels needs --data (the samples to label); without --data, "
-                         "refine fuses the models data-free and writes only --model")
-    if labels_out is None and model_out is None and csv_out is None:
-        raise InputError("nothing to write: give --labels, --csv and/or --model")
-    opts["csv_out"] = csv_out
-    if data is None and opts["dump_samples"] is None and model_out is None:
-        raise InputError("data-free fusion needs --model")
-    if data is not None and (opts["datafree"] or opts["dump_samples"]):
-        raise InputError("--datafree and --dump-samples apply only without --data")
-    try:
-        parse_aggregate(opts["aggregate"])
-    except ValueError as exc:
-        raise InputError(f"--aggregate: {exc}") from None
-    if data is None and (opts["aggregate"] != "mean" or opts["trust"]):
-        raise InputError("--aggregate and --trust apply with --data only")
-    check_selection(opts["min_confidence"], opts["coverage"])
-    check_neighbours(opts["neighbour_vote"])
-    if data is None and (opts["min_confidence"] is not None or opts["coverage"] is not None):
-        raise InputError("--min-confidence and --coverage apply with --data only")
-    # every input a listed output could clobber: the received files (and sidecars), the data
-    inputs = [p for f in model_files(received) for p in (f, f.with_suffix(".json"))]
-    inputs += [data, opts["student_file"]]
-    # outputs are checked, locked and their temporary files created before any heavy work
-    with Outputs([labels_out, model_out, csv_out, opts["dump_samples"]], opts["force"],
-                 inputs) as outs:
-        rs = load_received(received, opts["trust_arch"])
-        for note in rs.notes:
-            out.warn(note)
-        job = "refine"
-        if data is None and any(m.onnx for m in rs.models):
-            raise InputError("data-free fusion trains a generator through the teachers' "
-                             "gradients, which ONNX models do not give: refine with --data")
-        if data is None:
-            from mrtf.datafree import choose_method
-
-            job = choose_method(rs, opts["datafree"])[0]
-        opts["parties"] = report_parties(rs, job, out)
-        if data is None:
-            from mrtf.cli.datafree import run_datafree
-
-            return run_datafree(rs, outs, model_out, opts, out)
-        with H5Dataset(data) as source:
-            _refine_with_data(rs, source, outs, labels_out, model_out, opts, out)
+    job = RefineJob(received, data, labels_out, model_out, csv_out,
+                    config=refine_config(opts, out.progress),
+                    min_confidence=opts["min_confidence"], coverage=opts["coverage"],
+                    student_arch=opts["student_arch"], student_file=opts["student_file"],
+                    trust_arch=opts["trust_arch"], datafree=opts["datafree"],
+                    fusion_steps=opts["steps"] if data is None else None,
+                    dump_samples=opts["dump_samples"],
+                    force=opts["force"])
+    reporter = CliReporter(out)
+    done = refine_files(job, reporter)
+    if isinstance(done, FusedFiles):
+        out.summary(fused_summary(done, job))
+        return
+    out.summary(summary(done.result, done.samples, {"parties": done.parties},
+                        job.config.aggregate, done.selection, reporter.accuracy,
+                        done.written))
 
 
-def _refine_with_data(rs: ReceivedSet, source: H5Dataset, outs: Outputs,
-                      labels_out: Path | None, model_out: Path | None, opts: dict[str, Any],
-                      out: Out) -> None:
-    student, student_meta = load_student(rs, opts, source.sample_shape, out)
-    cfg = _checked_config(rs, source, outs, labels_out, model_out, opts, out.progress)
-    # y and ids are read (in blocks) now that the job's size is checked: a bad one found
-    # after the refinement would waste it
-    source.check_columns(rs.num_classes, " of the received models")
-    probe_outputs(rs, source, student)
-    if cfg.method == "adaptive" and cfg.augment and not applies(source.sample_shape):
-        out.say(f"note: input jitter is for images; off for samples of shape "
-                f"{source.sample_shape} (feature vectors)")
-    # the refined model's metadata must be writable: find out now, not after the work
-    refined_meta(rs, student_meta, cfg.method, {}).validate("the refined model's metadata")
-    out.say(f"refining {len(rs.by_role('local'))} local models "
-            f"({len(rs.by_role('global'))} θ_t) on {len(source)} samples: "
-            f"method={cfg.method} variant={cfg.variant} steps={cfg.steps} seed={cfg.seed}")
-    with log_lines(out.progress):
-        result = run_guarded(lambda: refine(rs, source, cfg, student))
-    say_account(result, out)
-    cal = result.calibration
-    selection = select(cal.confidence, opts["min_confidence"], opts["coverage"])
-    say_selection(selection, cal.confidence, out)
-    # the model distillation starts from: the parameter average, or the given student
-    # (heterogeneous parties have no average), named as what it is in text and JSON
-    own = result.heterogeneous or student is not None
-    accuracy = scores(result, source.labels(), own, selection, out)
-    config = result.run_config()
-    # every output is written to its temporary file first, then they are renamed together
-    labels = LabelSet.from_probs(
-        result.probs, source.ids(), cal.confidence,
-        None if selection is None else selection.abstained,
-        {**cal.attrs(), **({"selection": selection.to_dict()} if selection else {})})
-    parties = [m.name for m in rs.models]
-    if labels_out is not None:
-        with outs.writing(labels_out) as tmp:
-            write_labels(tmp, labels, cfg.method, config, parties, atomic=False)
-    if opts["csv_out"] is not None:
-        with outs.writing(opts["csv_out"]) as tmp:
-            write_labels_csv(tmp, labels, atomic=False)
-    if model_out is not None:
-        meta = refined_meta(rs, student_meta, cfg.method, config, cal)
-        with outs.writing(model_out) as tmp:
-            save_bundle(tmp, result.model, meta, atomic=False, require_finite=True)
-    outs.commit()
-    for path in (labels_out, opts["csv_out"]):
-        if path is not None:
-            out.say(f"wrote labels for {len(source)} samples to {path}")
-    if model_out is not None:
-        out.say(f"wrote refined model to {model_out}")
-    out.summary(summary(result, len(source), opts, cfg.aggregate, selection, accuracy,
-                        {"labels": labels_out, "csv": opts["csv_out"], "model": model_out}))
+def refine_config(opts: dict[str, Any], progress: bool) -> RefineConfig:
+    """The refinery's settings of the options (``--steps`` left out: RefineConfig's
+    default)."""
+    steps = {} if opts["steps"] is None else {"steps": opts["steps"]}
+    return RefineConfig(method=opts["method"], variant=opts["variant"], tau=opts["tau"],
+                        batch_size=opts["batch_size"], lr=opts["lr"],
+                        clr_iterations=opts["clr_iterations"],
+                        clr_min_round=opts["clr_min_round"], seed=opts["seed"],
+                        device=opts["device"], progress=progress,
+                        class_prior=opts["class_prior"], trust=opts["trust"],
+                        aggregate=opts["aggregate"], stream=opts["stream"],
+                        neighbour_vote=opts["neighbour_vote"], augment=opts["augment"],
+                        **steps)
 
 
-def _checked_config(rs: ReceivedSet, source: H5Dataset, outs: Outputs,
-                    labels_out: Path | None, model_out: Path | None, opts: dict[str, Any],
-                    progress: bool) -> RefineConfig:
-    """The RefineConfig of the options, once the run fits in memory and on disk (streaming
-    or not is decided here and fixed in the config)."""
-    # in memory the teachers' outputs (K × M × C) and the features of M samples are held;
-    # streaming holds (M, C) arrays and spills the rest beside the outputs: a file declaring
-    # 10^9 rows is refused here, not by the OOM killer (or a full disk) later
-    k, c, m, d = len(rs.models) + 1, rs.num_classes, len(source), _feature_dim(rs)
-    scratch = next(p for p in (labels_out, model_out, opts["csv_out"]) if p is not None)
-    cfg = RefineConfig(method=opts["method"], variant=opts["variant"], tau=opts["tau"],
-                       steps=500 if opts["steps"] is None else opts["steps"],
-                       batch_size=opts["batch_size"], lr=opts["lr"],
-                       clr_iterations=opts["clr_iterations"],
-                       clr_min_round=opts["clr_min_round"], seed=opts["seed"],
-                       device=opts["device"], progress=progress,
-                       class_prior=opts["class_prior"],
-                       trust=opts["trust"], aggregate=opts["aggregate"],
-                       stream=opts["stream"], scratch_dir=str(scratch.parent),
-                       neighbour_vote=opts["neighbour_vote"], augment=opts["augment"])
-    streaming = use_streaming(cfg, m, k, c, d)
-    check_memory(memory_estimate(m, k, c, d, streaming),
-                 f"refining {m:,} samples with {k - 1} models and {c} classes")
-    space = _estimated_bytes(rs, len(source), labels_out, model_out)
-    if streaming:  # the scratch files: logits (M, K, C) and features (M, D), float32
-        space[scratch] = space.get(scratch, 0) + m * (k * c + d) * 4
-    outs.check_space(space)
-    cfg.stream = "on" if streaming else "off"
-    return cfg
+class CliReporter(Reporter):
+    """What the job says, on the terminal: lines and warnings through :class:`Out`, the plan
+    before the long steps (cli/plan.py), the account and the scores once refined."""
+
+    def __init__(self, out: Out) -> None:
+        self.out = out
+        self.accuracy: dict[str, float] = {}
+
+    def say(self, line: str) -> None:
+        self.out.say(line)
+
+    def warn(self, line: str) -> None:
+        self.out.warn(line)
+
+    def planned(self, preview: RefinePreview) -> None:
+        say_plan(preview, self.out)
+
+    def chosen(self, line: str) -> None:
+        self.out.say(f"plan: {line}")
+
+    def refined(self, files: RefinedFiles) -> None:
+        say_account(files.result, self.out)
+        say_selection(files.selection, files.result.calibration.confidence, self.out)
+        self.accuracy = scores(files.result, files.truth, files.own_student, files.selection,
+                               self.out)
 
 
-def report_parties(rs: ReceivedSet, job: str, out: Out) -> list[dict[str, Any]]:
-    """Say before the work which received files ``job`` uses and which it leaves out (and
-    why), and flag a party name on two files of one round."""
-    rows = plan_parties(rs, job)
-    said, warned = describe(rows)
-    for line in said:
-        out.say(line)
-    for line in warned:
-        out.warn(line)
-    for line in duplicate_parties(rs):
-        out.warn(line)
-    basin = start_line(rs) if job == "refine" and rs.models else None
-    if basin is not None:
-        out.say(basin)
-    return [r.to_dict() for r in rows]
-
-
-def probe_outputs(rs: ReceivedSet, source: H5Dataset, student: Any = None,
-                  rows: int = 256) -> None:
-    """Every model on the first rows of the data: finite logits of the right width, or one
-    line now (weights and data that overflow float32 otherwise fail deep inside the work)."""
-    import torch
-
-    x = torch.from_numpy(np.ascontiguousarray(source.read(0, rows)))
-    named = [(m.path.name, m.build, m.meta.num_classes, m.meta.arch_kwargs) for m in rs.models]
-    if student is not None:
-        named.append(("the student", lambda: student, rs.num_classes, {}))
-    for name, build, classes, kwargs in named:
-        net = build()
-        check_model_fits(net, name, source, classes, kwargs)
-        with torch.inference_mode():
-            logits = net.eval()(x)
-        if not bool(torch.isfinite(logits).all()):
-            raise InputError(f"{name}: its outputs on {source.path.name} are not finite (its "
-                             "weights or the data overflow float32)")
-
-
-def _feature_dim(rs: ReceivedSet) -> int:
-    """The widest classifier input of the received models (their feature vectors' size)."""
-    dims = [t.shape[1] for m in rs.models for t in m.state_dict.values() if t.dim() == 2]
-    return max(dims, default=512)
-
-
-def _estimated_bytes(rs: ReceivedSet, m: int, labels_out: Path | None,
-                     model_out: Path | None) -> dict[Path, int]:
-    """What the outputs will take on disk, roughly (labels: probs + 3 columns + ids)."""
-    sizes: dict[Path, int] = {}
-    if labels_out is not None:
-        sizes[labels_out] = m * (rs.num_classes + 4) * 4 + m * 8
-    if model_out is not None:
-        sizes[model_out] = max(sum(t.numel() * 4 for t in m_.state_dict.values())
-                               for m_ in rs.models)
-    return sizes
-
-
-def load_student(rs: ReceivedSet, opts: dict[str, Any], sample_shape: tuple[int, ...] | None,
-                 out: Out | None = None) -> tuple[Any, BundleMeta | None]:
-    """The student module and its bundle metadata from --student / --student-arch, or None."""
-    if opts["student_file"] is not None and opts["student_arch"] is not None:
-        raise InputError("give --student or --student-arch, not both")
-    if opts["student_file"] is not None:
-        sm = load_bundle(opts["student_file"], opts["trust_arch"])
-        for note in sm.notes if out is not None else ():
-            out.warn(f"{sm.path.name}: {note}")
-        if sm.meta.num_classes != rs.num_classes:
-            raise InputError(f"--student {sm.path.name} has {sm.meta.num_classes} classes but "
-                             f"the received models have {rs.num_classes}")
-        return sm.build(), sm.meta
-    if opts["student_arch"] is not None:
-        return new_student(rs, opts["student_arch"], opts["seed"], sample_shape)
-    onnx_start = student_of_onnx_set(rs)
-    if onnx_start is not None:
-        if out is not None:
-            out.say(onnx_start[2])
-        return onnx_start[0], onnx_start[1]
-    return None, None
+def fused_summary(done: FusedFiles, job: RefineJob) -> dict[str, Any]:
+    """The ``--json`` summary of a data-free refine."""
+    result = done.result
+    last = result.history[-1] if result.history else {}
+    return {"command": "refine", "datafree": done.method, "reason": done.reason,
+            "seconds": result.seconds, "warnings": result.warnings, "last_losses": last,
+            "parties": done.parties,
+            "model": str(job.model) if job.model else None,
+            "samples": str(job.dump_samples) if job.dump_samples else None}

@@ -9,7 +9,9 @@ The public API, the few names a notebook needs::
         result = refine(received, target, RefineConfig(seed=0))
 
 ``refine`` (MrTF and the adaptive default), ``fuse`` (data-free: FedFTG, FedKF), ``label`` (a
-refined model labels new data), their configs and typed results, ``load_received`` /
+refined model labels new data), their configs and typed results, ``refine_files`` (the whole
+``mrtf refine`` job on files: checks, selection, estimates, locked atomic outputs) with its
+``RefineJob`` and ``Reporter``, ``load_received`` /
 ``load_bundle`` / ``H5Dataset`` / ``ArraySource`` (inputs) and ``InputError`` (bad input).
 ``import mrtf`` stays light: each name is imported on first use (PEP 562), so ``import
 mrtf.errors`` does not pull in torch.
@@ -32,6 +34,12 @@ _PUBLIC = {
     "FusionResult": "mrtf.datafree.fuse",
     "label": "mrtf.labeling",
     "LabelResult": "mrtf.labeling",
+    "refine_files": "mrtf.jobs.refine",
+    "RefineJob": "mrtf.jobs.params",
+    "Reporter": "mrtf.jobs.reporter",
+    "RefinedFiles": "mrtf.jobs.reporter",
+    "FusedFiles": "mrtf.jobs.reporter",
+    "RefinePreview": "mrtf.refinery.preview",
     "load_received": "mrtf.io.bundles",
     "load_bundle": "mrtf.io.bundles",
     "ReceivedSet": "mrtf.io.bundles",
@@ -41,9 +49,10 @@ _PUBLIC = {
 }
 
 __all__ = [
-    "ArraySource", "FusionConfig", "FusionResult", "H5Dataset", "InputError", "LabelResult",
-    "ReceivedSet", "RefineConfig", "RefineResult", "__version__", "fuse", "label",
-    "load_bundle", "load_received", "refine",
+    "ArraySource", "FusedFiles", "FusionConfig", "FusionResult", "H5Dataset", "InputError",
+    "LabelResult", "ReceivedSet", "RefineConfig", "RefineJob", "RefinePreview", "RefineResult",
+    "RefinedFiles", "Reporter", "__version__", "fuse", "label", "load_bundle", "load_received",
+    "refine", "refine_files",
 ]
 
 if TYPE_CHECKING:  # for type checkers and the API reference; nothing is imported at run time
@@ -52,9 +61,13 @@ if TYPE_CHECKING:  # for type checkers and the API reference; nothing is importe
     from mrtf.errors import InputError
     from mrtf.io.bundles import ReceivedSet, load_bundle, load_received
     from mrtf.io.hdf5 import ArraySource, H5Dataset
+    from mrtf.jobs.params import RefineJob
+    from mrtf.jobs.refine import refine_files
+    from mrtf.jobs.reporter import FusedFiles, RefinedFiles, Reporter
     from mrtf.labeling import LabelResult, label
     from mrtf.refinery.config import RefineConfig
     from mrtf.refinery.pipeline import RefineResult, refine
+    from mrtf.refinery.preview import RefinePreview
 
 
 def __getattr__(name: str) -> Any:

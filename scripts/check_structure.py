@@ -57,7 +57,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("inputs", ("mrtf.io", "mrtf.models", "mrtf.data", "mrtf.scoring", "mrtf.averaging",
                 "mrtf.compute")),
     ("methods", ("mrtf.refinery", "mrtf.trust", "mrtf.datafree")),
-    ("jobs", ("mrtf.federated", "mrtf.labeling")),
+    ("jobs", ("mrtf.federated", "mrtf.labeling", "mrtf.jobs")),
     ("drivers", ("mrtf.engines", "mrtf.cli", "mrtf.__main__")),
 ]
 

@@ -75,7 +75,7 @@ def test_not_enough_free_space_is_refused_before_the_work(base, tmp_path, monkey
 def test_disk_full_during_the_write(base, tmp_path, monkeypatch):
     """ENOSPC in the middle of writing the labels, simulated in-process (no unprivileged tiny
     tmpfs here): one line, and the half-written temporary file is removed."""
-    import mrtf.cli.refine as refine_mod
+    import mrtf.jobs.refine as refine_mod
 
     real = refine_mod.write_labels
 

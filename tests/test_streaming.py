@@ -150,6 +150,7 @@ def test_trust_on_a_sample_of_a_large_target(digits_oneshot, tmp_path, monkeypat
     both paths and inspect alike, and say so; the poisoned party is still left out, and the
     two paths give the same verdicts and labels."""
     import mrtf.trust.received as tr
+    from mrtf.refinery.assess import assess_received
 
     monkeypatch.setattr(tr, "TRUST_SAMPLE", 600)
     received, source = load_received(digits_oneshot[0]), ArraySource(load_builtin("digits").x)
@@ -165,7 +166,7 @@ def test_trust_on_a_sample_of_a_large_target(digits_oneshot, tmp_path, monkeypat
     # on the refine's own device and batch (issue 36: on CUDA, a CPU report differed from the
     # refine's in float digits); floats within 1e-5 relative, which the device's fp32
     # summation order stays well inside; verdicts, reasons and counts exactly
-    report = tr.assess_received(bad, source, None, batch_size=256)
+    report = assess_received(bad, source, None, batch_size=256)
     for got, want in zip([p.to_dict() for p in report.parties],
                          [p.to_dict() for p in mem.parties.parties], strict=True):
         assert got.keys() == want.keys()

@@ -14,8 +14,8 @@ from mrtf.errors import InputError
 from mrtf.io import H5Dataset, load_received
 from mrtf.io.bundles import ReceivedModel, ReceivedSet
 from mrtf.refinery import RefineConfig, refine
+from mrtf.refinery.assess import assess_received
 from mrtf.trust import assess
-from mrtf.trust.received import assess_received
 
 
 @pytest.fixture(scope="module")

@@ -12,10 +12,10 @@ import contextlib
 import os
 import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from mrtf.errors import InputError
+from mrtf.errors import InputError, OutputError
 
 _STEM = 200
 
@@ -59,8 +59,6 @@ def is_temp_name(name: str) -> bool:
 def check_output(path: str | os.PathLike, force: bool = False,
                  inputs: tuple[str | os.PathLike, ...] = ()) -> Path:
     """Refuse to overwrite an existing output (unless ``force``) and never overwrite an input."""
-    from mrtf.io.outputs import check_distinct
-
     out = Path(path)
     check_distinct([out], [Path(i) for i in inputs if i is not None], force)
     if out.parent.exists() and not out.parent.is_dir():
@@ -87,3 +85,45 @@ def atomic_path(path: str | os.PathLike, atomic: bool = True) -> Iterator[Path]:
     except BaseException:
         tmp_path.unlink(missing_ok=True)
         raise
+
+
+def check_distinct(targets: Sequence[Path], inputs: Sequence[Path], force: bool) -> None:
+    """No output is an input or another output; existing outputs need ``force``."""
+    seen: dict[Path, Path] = {}
+    for out in targets:
+        key = _canonical(out)
+        if key in seen:
+            raise OutputError(f"{out}: given as two outputs ({seen[key]} and {out}); one "
+                              "would overwrite the other")
+        seen[key] = out
+        for inp in inputs:
+            if key == _canonical(inp) or (_exists(out) and _exists(inp) and _same(out, inp)):
+                raise OutputError(f"{out}: output would overwrite an input file")
+        if _exists(out):
+            if out.is_dir():
+                raise OutputError(f"{out} is a directory, not a file")
+            if not force:
+                raise OutputError(f"{out} exists; pass --force to replace it")
+
+
+def _exists(p: Path) -> bool:
+    """Whether anything (a dangling link too) is at ``p``; False for an impossible name."""
+    try:
+        os.lstat(p)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _canonical(p: Path) -> Path:
+    try:
+        return p.resolve()
+    except (OSError, RuntimeError):
+        return p.absolute()
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return a.samefile(b)
+    except OSError:
+        return False

@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from mrtf.errors import OutputError
-from mrtf.io.atomic import make_temp, stale_temps, temp_stem
+from mrtf.io.atomic import check_distinct, make_temp, stale_temps, temp_stem
 from mrtf.io.limits import human_bytes
 
 _BLOCKED = {signal.SIGINT, signal.SIGTERM}
@@ -203,45 +203,3 @@ def locked_dir(directory: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
-
-
-def check_distinct(targets: Sequence[Path], inputs: Sequence[Path], force: bool) -> None:
-    """No output is an input or another output; existing outputs need ``force``."""
-    seen: dict[Path, Path] = {}
-    for out in targets:
-        key = _canonical(out)
-        if key in seen:
-            raise OutputError(f"{out}: given as two outputs ({seen[key]} and {out}); one "
-                              "would overwrite the other")
-        seen[key] = out
-        for inp in inputs:
-            if key == _canonical(inp) or (_exists(out) and _exists(inp) and _same(out, inp)):
-                raise OutputError(f"{out}: output would overwrite an input file")
-        if _exists(out):
-            if out.is_dir():
-                raise OutputError(f"{out} is a directory, not a file")
-            if not force:
-                raise OutputError(f"{out} exists; pass --force to replace it")
-
-
-def _exists(p: Path) -> bool:
-    """Whether anything (a dangling link too) is at ``p``; False for an impossible name."""
-    try:
-        os.lstat(p)
-    except (OSError, ValueError):
-        return False
-    return True
-
-
-def _canonical(p: Path) -> Path:
-    try:
-        return p.resolve()
-    except (OSError, RuntimeError):
-        return p.absolute()
-
-
-def _same(a: Path, b: Path) -> bool:
-    try:
-        return a.samefile(b)
-    except OSError:
-        return False

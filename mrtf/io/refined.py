@@ -4,6 +4,7 @@ for a received set, and the bundle metadata that lets the result be received aga
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -12,7 +13,7 @@ from torch import nn
 
 from mrtf.averaging import average_received
 from mrtf.errors import InputError
-from mrtf.io.bundles import BundleMeta, ReceivedSet
+from mrtf.io.bundles import BundleMeta, ReceivedModel, ReceivedSet
 from mrtf.models import build_model, image_kwargs, input_kwargs
 
 
@@ -38,15 +39,13 @@ def new_student(rs: ReceivedSet, arch: str, seed: int, shape: tuple[int, ...] | 
     return model, BundleMeta(arch=arch, num_classes=rs.num_classes, arch_kwargs=kwargs)
 
 
-def student_of_onnx_set(rs: ReceivedSet) -> tuple[nn.Module, BundleMeta, str] | None:
-    """(student, its metadata, a note) when some local parties sent ONNX graphs, which only
+def student_of_onnx_set(locals_: Sequence[ReceivedModel]
+                        ) -> tuple[nn.Module, BundleMeta, str] | None:
+    """(student, its metadata, a note) when some of the local parties that teach (S_t, as
+    mrtf.trust.selection chooses them: the caller's ``locals_``) sent ONNX graphs, which only
     teach (they are not trainable here): the parameter average of the PyTorch parties when
     they share one architecture. None when no party sent ONNX; InputError when none of the
     PyTorch parties can start the student (the user gives --student-arch or --student)."""
-    locals_ = rs.by_role("local")
-    rounds = [m.meta.round for m in locals_ if m.meta.round is not None]
-    if rounds:  # the newest round's parties teach (S_t, as the refinery selects them)
-        locals_ = [m for m in locals_ if m.meta.round in (None, max(rounds))]
     if not any(m.onnx for m in locals_):
         return None
     torch_parties = [m for m in locals_ if m.onnx is None]

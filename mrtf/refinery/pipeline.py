@@ -30,6 +30,7 @@ from mrtf.refinery import methods  # noqa: F401 - registers the built-in methods
 from mrtf.refinery.config import METHOD_SPECS, METHODS, VARIANTS, RefineConfig
 from mrtf.refinery.ensemble import ensemble_targets
 from mrtf.refinery.plan import check_fits, check_parties, newest_locals, plan_models
+from mrtf.refinery.preview import PlanWatch, RefinePreview, choice_of, preview_of
 from mrtf.refinery.registry import get_method
 from mrtf.refinery.report import RefineResult, accuracy_of, report
 from mrtf.refinery.state import RefineState
@@ -38,35 +39,60 @@ from mrtf.refinery.teach import teach
 from mrtf.refinery.teachers import predict_probs
 from mrtf.refinery.trusted import attach_consensus, local_signals
 
-__all__ = ["METHODS", "METHOD_SPECS", "VARIANTS", "RefineConfig", "RefineResult", "accuracy_of",
-           "check_fits", "ensemble_targets", "newest_locals", "predict_probs", "refine"]
+__all__ = ["METHODS", "METHOD_SPECS", "VARIANTS", "PlanWatch", "RefineConfig", "RefinePreview",
+           "RefineResult", "accuracy_of", "check_fits", "ensemble_targets", "newest_locals",
+           "predict_probs", "preview", "refine"]
 
 
 def refine(received, source, config: RefineConfig | None = None,
-           student: nn.Module | None = None) -> RefineResult:
+           student: nn.Module | None = None, watch: PlanWatch | None = None) -> RefineResult:
     """Refine received models on the unlabeled target ``source`` (H5Dataset or ArraySource).
 
     received : ReceivedSet (role 'local' models teach; role 'global' is θ_t).
     student : the model to refine when the parties' architectures differ (or to replace
         θ_{t+1} as the distillation start); must predict ``received.num_classes`` classes.
+    watch : told the plan after the party checks (before the data pass) and the method's
+        choice before the distillation (preview.py); watching changes no result.
     Same inputs and seed → identical results (bit for bit on the same machine).
     """
     config = config or RefineConfig()
     config.validate()
+    watch = watch or PlanWatch()
     state = RefineState(received, source, config, get_method(config.method),
                         pick_device(config.device), student is not None)
     plan_models(state, student)
     t0 = time.perf_counter()
     check_parties(state)
+    watch.planned(preview_of(state))
     with open_storage(received, source, config) as state.storage:
         teach(state)
         state.timings["teachers"] = time.perf_counter() - t0
         if state.taught:
             gather_evidence(state)
+        watch.chosen(choice_of(state))
+        if state.taught:
             make_targets(state)
         state.logits = state.features = None  # free (K, M, C) before distilling
     fit(state)
     return report(state)
+
+
+def preview(received, source, config: RefineConfig | None = None,
+            student: nn.Module | None = None) -> tuple[RefinePreview, str]:
+    """The plan :func:`refine` would follow and the method's choice, without the targets
+    and the distillation: stages 1-4 (the party checks and the data pass), as ``mrtf
+    inspect RECEIVED --data`` shows them."""
+    config = config or RefineConfig()
+    config.validate()
+    state = RefineState(received, source, config, get_method(config.method),
+                        pick_device(config.device), student is not None)
+    plan_models(state, student)
+    check_parties(state)
+    with open_storage(received, source, config) as state.storage:
+        teach(state)
+        if state.taught:
+            state.method.evidence(state)
+        return preview_of(state), choice_of(state)
 
 
 def gather_evidence(state: RefineState) -> None:

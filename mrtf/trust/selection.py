@@ -16,7 +16,7 @@ as θ_t of a later round made every honest party's output layer look renamed. So
   class rows renamed (mrtf.trust.weights) is named and refused.
 
 :func:`select` returns a :class:`Selection`; ``mrtf.refinery.teachers.newest_locals`` /
-``newest_global``, ``mrtf.trust.parties.plan_parties`` and ``mrtf.trust.received`` all read it.
+``newest_global``, ``mrtf.trust.parties.plan_parties`` and ``mrtf.refinery.assess`` all read it.
 What behaviour on the target says about the chosen models (relabelled parties, copies that act
 alike, parties that share no basin) is checked later, in mrtf.trust.reliability and
 mrtf.trust.basin.

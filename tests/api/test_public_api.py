@@ -12,7 +12,8 @@ import mrtf
 
 PUBLIC = ["refine", "fuse", "label", "RefineConfig", "RefineResult", "FusionConfig",
           "FusionResult", "LabelResult", "load_received", "load_bundle", "ReceivedSet",
-          "H5Dataset", "ArraySource", "InputError"]
+          "H5Dataset", "ArraySource", "InputError", "refine_files", "RefineJob", "Reporter",
+          "RefinedFiles", "FusedFiles", "RefinePreview"]
 
 
 def test_public_names_are_the_library_objects():

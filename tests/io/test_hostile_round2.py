@@ -68,13 +68,13 @@ def tripwire(monkeypatch):
     def reached(*args, **kwargs):
         raise AssertionError("a model ran on the data before the input was refused")
 
-    import mrtf.cli.refine
+    import mrtf.cli.inspect
+    import mrtf.jobs.refine
     import mrtf.labeling
-    import mrtf.trust.received
 
-    for module, name in ((mrtf.cli.refine, "probe_outputs"), (mrtf.cli.refine, "refine"),
+    for module, name in ((mrtf.jobs.refine, "probe_outputs"), (mrtf.jobs.refine, "refine"),
                          (mrtf.labeling, "predict_probs"),
-                         (mrtf.trust.received, "assess_received")):
+                         (mrtf.cli.inspect, "assess_received"), (mrtf.cli.inspect, "preview")):
         monkeypatch.setattr(module, name, reached)
 
 

@@ -20,8 +20,9 @@ from mrtf.io.bundles import BundleMeta, ReceivedModel, ReceivedSet
 from mrtf.io.hdf5 import ArraySource
 from mrtf.models import build_model
 from mrtf.refinery import RefineConfig, accuracy_of, refine
+from mrtf.refinery.assess import assess_received
+from mrtf.refinery.pipeline import PlanWatch, preview
 from mrtf.trust.basin import SHARED_COSINE, assess_basin, start_line, weight_cosine
-from mrtf.trust.received import assess_received
 
 PARTIES = 4
 
@@ -89,9 +90,27 @@ def test_basin_from_behaviour():
     assert not assess_basin(0.01, logits, ens).average_works
 
 
+class Watched(PlanWatch):
+    def __init__(self) -> None:
+        self.plan, self.choice = None, None
+
+    def planned(self, preview) -> None:
+        self.plan = preview
+
+    def chosen(self, line: str) -> None:
+        self.choice = line
+
+
 def test_independent_parties_are_not_attackers_and_not_averaged(independent):
     rs, src, y = independent
-    res = refine(rs, src, RefineConfig(seed=0, progress=False))
+    watched = Watched()
+    res = refine(rs, src, RefineConfig(seed=0, progress=False), watch=watched)
+    # said before the data pass: no average, the student starts as the best party, no one
+    # flagged; and preview() (inspect --data) gives the same plan without refining
+    assert not watched.plan.average and "starts as party" in watched.plan.start
+    assert watched.plan.basin == res.parties.basin.line and watched.plan.flagged == []
+    assert preview(rs, src, RefineConfig(seed=0, progress=False)) == \
+        (watched.plan, watched.choice)
     basin = res.parties.basin
     assert not basin.shared_start and not basin.average_used
     assert res.notes[0].startswith("parties trained from their own starts")

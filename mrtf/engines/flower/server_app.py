@@ -1,6 +1,6 @@
 """The ServerApp: holds the unlabeled target set, runs the federation with one of mrtf's
 strategies (``mode = "train"``), or, as a pilot party, collects every party's model once and
-refines them exactly as ``mrtf refine`` does on a directory (``mode = "pilot"``, :mod:`.pilot`).
+refines them with ``mrtf refine``'s job (``mode = "pilot"``, :mod:`.pilot`).
 
 Outputs go to the run config's ``out`` folder on the server's machine: ``metrics.jsonl`` (one
 row per evaluated round), ``model.safetensors`` (the final global model, a bundle that mrtf
@@ -26,10 +26,12 @@ from flwr.supercore import log
 from mrtf.device import pick_device
 from mrtf.engines.flower.checks import enough_parties
 from mrtf.engines.flower.config import FlowerConfig
+from mrtf.engines.flower.pilot import run_pilot
 from mrtf.engines.flower.polling import PollingGrid
 from mrtf.engines.flower.records import to_record
 from mrtf.engines.flower.roster import gather
 from mrtf.engines.flower.strategy import MrtfFlowerStrategy
+from mrtf.engines.flower.summary import write_json
 from mrtf.errors import InputError, first_line
 from mrtf.federated.methods import ServerContext, make_strategy
 from mrtf.io.atomic import atomic_path
@@ -84,8 +86,6 @@ def run(grid: Any, cfg: FlowerConfig, out: Path) -> None:
     init = {k: v.detach().clone() for k, v in model.state_dict().items()}
     strategy.initialize(init)
     if cfg.mode == "pilot":
-        from mrtf.engines.flower.pilot import run_pilot
-
         return run_pilot(grid, cfg, ctx, strategy, roster, init, target_y, out, say)
     fl = MrtfFlowerStrategy(cfg, strategy, ctx, roster, init, target_y, say)
     fl.start(grid, to_record(init), num_rounds=cfg.num_rounds, timeout=cfg.round_timeout)
@@ -140,11 +140,6 @@ def prepare_out(cfg: FlowerConfig) -> Path:
         raise InputError(f"{out}: cannot create the out folder ({exc.strerror})") from None
     (out / "summary.json").unlink(missing_ok=True)
     return out
-
-
-def write_json(path: Path, data: dict) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
 __all__ = ["app"]
