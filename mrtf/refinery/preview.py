@@ -79,16 +79,9 @@ def preview_of(state: RefineState) -> RefinePreview:
 
 
 def choice_of(state: RefineState) -> str:
-    """The method's choice once its evidence is read (stage 4): the default's vote-or-adapt
-    line, or what the other methods always do."""
-    if state.novelty is not None:
-        return state.novelty.line()
-    if not state.taught:
-        return f"method {state.config.method}: θ_{{t+1}} as it is, no distillation"
-    if state.method.name == "adaptive":
-        return ("vote or adapt: the parties' vote is distilled (there is no θ_{t+1} to adapt: "
-                "a given student or no parameter average)")
-    return f"method {state.config.method}: its targets are distilled"
+    """The method's choice once its evidence is read (stage 4), in its own words
+    (``Method.choice``: the default's vote-or-adapt reading, what the others always do)."""
+    return state.method.choice(state)
 
 
 def _teacher_name(plan, teacher) -> str:

@@ -29,7 +29,8 @@ class Method:
     uses_u_t : its targets read Eq. 10's u_t (a note says when it falls back).
 
     Hooks (state: pipeline.RefineState), overridden by the methods (methods/base.py has the
-    distilling default): ``notes``, ``wants_features``, ``evidence``, ``targets``, ``fit``.
+    distilling default): ``notes``, ``wants_features``, ``evidence``, ``choice``, ``targets``,
+    ``fit``.
     """
 
     name: str = ""
@@ -50,6 +51,11 @@ class Method:
             return []
         extra = ([start] if start is not None else []) + [self_model]
         return list(locals_) + (extra if self.teachers == "all" else [])
+
+    def choice(self, state: Any) -> str:
+        """One line, said before the targets and the fit (``plan: ...``): what the method
+        will do with this target, once its evidence is read."""
+        return f"method {self.name}: its targets are distilled"
 
     def notes(self, state: Any) -> list[str]:
         """What the output should say about this method's inputs (after the common notes)."""

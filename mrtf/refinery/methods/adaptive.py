@@ -60,6 +60,14 @@ class Adaptive(Distilled):
         state.novelty = target_novelty(state.logits.view,
                                        [m.meta.train_loss for m in state.used],
                                        num_local=state.num_local)
+        state.branch = choose_branch(state.novelty, state.num_local)
+
+    def choice(self, state: RefineState) -> str:
+        """Step 5's reading and choice (novelty.py, branch_choice.py)."""
+        if state.branch is None or state.novelty is None:
+            return ("vote or adapt: the parties' vote is distilled (there is no θ_{t+1} to "
+                    "adapt: a given student or no parameter average)")
+        return f"{state.novelty.line()}; {state.branch.line()}"
 
     def targets(self, state: RefineState) -> np.ndarray:
         """Steps 1-4: Eq. 6's softmax over the logits in place (they are not read again),
@@ -98,7 +106,6 @@ class Adaptive(Distilled):
         jitter."""
         assert state.targets is not None
         start = self.start_model(state)
-        state.branch = choose_branch(state.novelty, state.num_local)
         if state.branch is not None and state.branch.chosen == "adapt":
             return adapt_student(start, state.source, state.config, state.dev, state.spilled)
         return distil_student(start, state.source, state.targets, state.config, state.dev)

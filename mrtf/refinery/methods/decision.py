@@ -37,6 +37,10 @@ class Decision(Distilled):
     #: the adapter's settings (paper's defaults; decision.py states the cost choice)
     settings = DecisionSettings()
 
+    def choice(self, state: RefineState) -> str:
+        return ("method decision: every local model adapted to the target with learned "
+                "source weights, the student distilled to their weighted ensemble")
+
     def notes(self, state: RefineState) -> list[str]:
         """Refuses, before the data pass, a local model DECISION cannot adapt: one without
         an ``nn.Linear`` head or without trainable weights (an ONNX party only teaches)."""

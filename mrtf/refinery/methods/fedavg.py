@@ -14,6 +14,9 @@ class FedAvg(Method):
     help = "average only"
     teachers = "none"
 
+    def choice(self, state: RefineState) -> str:
+        return "method fedavg: θ_{t+1} as it is, no distillation"
+
     def fit(self, state: RefineState) -> nn.Module:
         return state.self_model.eval()
 

@@ -37,6 +37,9 @@ class SourceFree(Method):
     def notes(self, state: RefineState) -> list[str]:
         return [f"{self.name}: {self.settings}; --steps, --batch-size and --lr do not apply"]
 
+    def choice(self, state: RefineState) -> str:
+        return f"method {self.name}: θ_{{t+1}} adapted to the target, no teachers"
+
     def fit(self, state: RefineState) -> nn.Module:
         """θ_{t+1}'s copy (or the given student) adapted, timed as 'distill' (the fit stage)."""
         assert state.plan is not None
