@@ -220,6 +220,7 @@ METHODS: dict[str, Method] = {
     "shot-mrtf": _shot(ShotSettings()),  # the project's SHOT settings (Adam, 500 steps)
     "aad": _refined("aad"),  # AaD adapting θ_{t+1} (docs/source-free.md)
     "nrc": _refined("nrc"),  # NRC adapting θ_{t+1}
+    "decision": _refined("decision"),  # DECISION: every party adapted (docs/decision.md)
 }
 COLUMNS = ("fedavg", "ensemble", "feddf", "st", "mrtf", "shot", "adaptive")
 
