@@ -1,9 +1,10 @@
 """Parties from independent starts (issue 33 item 3): the default's labels against the
 ensemble, the best party and the parameter average, on one received set trained here.
 
-    OMP_NUM_THREADS=1 python bench/independent_starts.py mnist5k 5 0.5 5 0 [shared]
+    OMP_NUM_THREADS=1 python bench/independent_starts.py mnist5k 5 0.5 5 0 [shared|indep] [ARCH]
 
-(dataset, parties, Dirichlet α, local epochs, seed). K LeNet parties train on their Dirichlet
+(dataset, parties, Dirichlet α, local epochs, seed; ARCH a built-in architecture, default
+``lenet``; ``lenet_shot`` is a CNN with BatchNorm). K parties train on their Dirichlet
 shards (``mrtf.federated.local_train``, batch 32), each from its own random start (seed
 1000·SEED + 100 + k), or all from one with ``shared``; then ``refine`` with the default config.
 Numbers: docs/benchmarks/takeover.md.
@@ -26,20 +27,21 @@ from mrtf.models import build_model
 from mrtf.refinery import RefineConfig, accuracy_of, refine
 
 
-def parties(ds: str, k: int, alpha: str, epochs: int, seed: int, shared: bool):
+def parties(ds: str, k: int, alpha: str, epochs: int, seed: int, shared: bool,
+            arch: str = "lenet"):
     """The received set (K locals, round 1) and the federation (its target)."""
     cfg = RunConfig(dataset=ds, clients=k, split=f"dirichlet:{alpha}", ratio=1.0, rounds=1,
-                    arch="lenet", seeds=[seed], epochs=epochs, batch_size=32,
+                    arch=arch, seeds=[seed], epochs=epochs, batch_size=32,
                     **({"target_size": 300} if ds == "digits" else {}))
     fed = prepare_run(cfg, seed)
     models = []
     for i in range(k):
         torch.manual_seed(seed if shared else 1000 * seed + 100 + i)
-        start = build_model("lenet", fed.num_classes, **fed.arch_kwargs)
+        start = build_model(arch, fed.num_classes, **fed.arch_kwargs)
         idx = torch.from_numpy(fed.parts[i])
         res = local_train(start, fed.x[idx], fed.y[idx], fed.num_classes, cfg.local_config(),
                           seed=seed * 7919 + i)
-        meta = BundleMeta(arch="lenet", num_classes=fed.num_classes,
+        meta = BundleMeta(arch=arch, num_classes=fed.num_classes,
                           arch_kwargs=fed.arch_kwargs, party=f"p{i}", n_samples=len(idx),
                           train_loss=res.train_loss, round=0)
         models.append(ReceivedModel(Path(f"p{i}.safetensors"), meta, res.model.state_dict()))
@@ -50,9 +52,10 @@ def main() -> None:
     ds, k, alpha, epochs, seed = sys.argv[1], int(sys.argv[2]), sys.argv[3], \
         int(sys.argv[4]), int(sys.argv[5])
     shared = len(sys.argv) > 6 and sys.argv[6] == "shared"
+    arch = sys.argv[7] if len(sys.argv) > 7 else "lenet"
     torch.set_num_threads(1)
     t0 = time.time()
-    rs, fed = parties(ds, k, alpha, epochs, seed, shared)
+    rs, fed = parties(ds, k, alpha, epochs, seed, shared, arch)
     x, y = fed.target_x, fed.target_y.numpy()
     with torch.inference_mode():
         probs = torch.stack([m.build()(x).softmax(1) for m in rs.models])
@@ -61,11 +64,15 @@ def main() -> None:
     ensemble = float((probs.mean(0).argmax(1).numpy() == y).mean())
     best = max(float((p.argmax(1).numpy() == y).mean()) for p in probs)
     t1 = time.time()
+    others = {m: accuracy_of(refine(rs, ArraySource(x.numpy()), RefineConfig(
+        method=m, seed=seed, progress=False)).probs, y) for m in ("feddf", "st")}
+    t1 = time.time()
     res = refine(rs, ArraySource(x.numpy()), RefineConfig(seed=seed, progress=False))
     flagged = [v for v in (res.parties.verdicts if res.parties else []) if "trusted" not in v]
-    print(f"{ds} K={k} dir{alpha} E={epochs} seed={seed} "
+    print(f"{ds} {arch} K={k} dir{alpha} E={epochs} seed={seed} "
           f"{'shared' if shared else 'independent'}: default labels "
-          f"{accuracy_of(res.probs, y):.3f} | ensemble {ensemble:.3f} | best party {best:.3f} | "
+          f"{accuracy_of(res.probs, y):.3f} | ensemble {ensemble:.3f} | "
+          f"feddf {others['feddf']:.3f} | st {others['st']:.3f} | best party {best:.3f} | "
           f"average {average:.3f} | flagged {len(flagged)} | train {t1 - t0:.0f}s refine "
           f"{time.time() - t1:.0f}s")
     print("  note0:", res.notes[0] if res.notes else None)
