@@ -129,3 +129,24 @@ def test_shared_start_is_averaged_and_nobody_flagged(shared):
     assert basin.shared_start and basin.average_used
     assert all(p.verdict == "trusted" for p in res.parties.parties)
     assert res.notes[0].startswith("parties share a basin")
+
+
+def test_batchnorm_and_weight_norm_vectors_do_not_make_independent_starts_alike():
+    """BatchNorm's γ (all 1 at any seed) and weight norm's g made four independent
+    lenet_shot starts look like one (flattened with them: cosine ~0.38 > SHARED_COSINE); the
+    basin reads the weight matrices and kernels only."""
+    from mrtf.models import build_model
+    from mrtf.trust.basin import matrix_weights
+    from mrtf.trust.selection import flat_weights
+
+    states = []
+    for seed in range(4):
+        torch.manual_seed(seed)
+        states.append(build_model("lenet_shot", num_classes=10).state_dict())
+    flat = torch.nn.functional.normalize(torch.stack([flat_weights(s) for s in states]), dim=1)
+    with_vectors = float(np.median((flat @ flat.T).numpy()[np.triu_indices(4, 1)]))
+    assert with_vectors > SHARED_COSINE  # what the rule used to read
+    assert abs(weight_cosine(states)) < 0.05
+    kept = matrix_weights(states[0])
+    assert "classifier.weight_g" not in kept and "bottleneck.1.weight" not in kept
+    assert "bottleneck.0.weight" in kept and all(v.dim() >= 2 for v in kept.values())
