@@ -45,6 +45,19 @@ def test_output_rows_are_the_last_c_row_weight_with_its_bias():
     assert output_rows(s, 7) is None  # no layer with 7 rows
 
 
+def test_a_weight_norm_scale_after_the_head_is_not_the_output_layer():
+    """SHOT's weight-normalised head stores g (C, 1) after its weight: the rows are the
+    weight's, not the per-class magnitudes (which made every clean party look renamed)."""
+    from mrtf.models import build_model
+
+    state = build_model("lenet_shot", num_classes=10).state_dict()
+    assert list(state)[-1] == "classifier.weight_g" and state["classifier.weight_g"].shape == \
+        (10, 1)
+    rows = output_rows(state, 10)
+    assert rows.shape == (10, state["classifier.weight"].shape[1] + 1)
+    np.testing.assert_array_equal(rows[:, :-1], state["classifier.weight"].double().numpy())
+
+
 def test_row_renaming_counts_moved_rows_and_their_cost():
     rng = np.random.default_rng(0)
     rows = rng.normal(size=(C, 5))

@@ -47,10 +47,14 @@ def same_layout(states: Sequence[dict[str, torch.Tensor]]) -> bool:
 
 def output_rows(state: dict[str, torch.Tensor], num_classes: int) -> np.ndarray | None:
     """The output layer as one row per class (C, D + 1): the last floating 2-D weight with
-    ``num_classes`` rows and its bias (the ``.weight`` → ``.bias`` entry, when it has C
-    entries); None when there is no such weight (e.g. a convolutional head)."""
+    ``num_classes`` rows and more than one column, and its bias (the ``.weight`` → ``.bias``
+    entry, when it has C entries); None when there is no such weight (e.g. a convolutional
+    head). A (C, 1) tensor is a per-class scale, not the layer: weight norm's g (SHOT's head,
+    ``lenet_shot``) is stored after the weight, and read as the output layer it made every
+    clean party of ten look renamed (its 10 near-equal magnitudes match in any order)."""
     names = [n for n, v in state.items()
-             if v.is_floating_point() and v.dim() == 2 and v.shape[0] == num_classes]
+             if v.is_floating_point() and v.dim() == 2 and v.shape[0] == num_classes
+             and v.shape[1] > 1]
     if not names:
         return None
     w = state[names[-1]].detach().double()
