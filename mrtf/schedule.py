@@ -1,12 +1,21 @@
 """SHOT's learning-rate annealing (Liang et al. 2020, code ``lr_scheduler``; from Ganin &
 Lempitsky's DANN, 2015): lr_i = lr_0 · (1 + γ·i/N)^(−p), γ = 10, p = 0.75, for step i = 1..N.
 Used by a party's local training (``LocalConfig.lr_decay``) and by SHOT's target stage
-(``ShotSettings.paper()``), so both decay the same way."""
+(``ShotSettings.paper()``), so both decay the same way; AaD, NRC and DECISION (whose authors'
+code is built on SHOT's) adapt with the same SGD (:func:`shot_sgd`, :func:`anneal`)."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
 GAMMA = 10.0
 POWER = 0.75
+#: SHOT's code (digit/uda_digit.py): SGD momentum 0.9, Nesterov, weight decay 1e-3
+SGD_MOMENTUM, SGD_WEIGHT_DECAY = 0.9, 1e-3
 
 
 def inverse_decay(step: int, total: int, gamma: float = GAMMA, power: float = POWER) -> float:
@@ -16,3 +25,24 @@ def inverse_decay(step: int, total: int, gamma: float = GAMMA, power: float = PO
     if total < 1 or step < 0:
         raise ValueError(f"need total >= 1 and step >= 0, got step {step} of {total}")
     return (1.0 + gamma * min(step + 1, total) / total) ** (-power)
+
+
+def shot_sgd(params: Iterable[Any], lr: float) -> torch.optim.SGD:
+    """SHOT's optimiser over ``params`` (tensors or parameter groups): SGD at ``lr`` with
+    momentum 0.9, Nesterov and weight decay 1e-3; its lr is then set step by step
+    (:func:`anneal`)."""
+    return torch.optim.SGD(params, lr=lr, momentum=SGD_MOMENTUM, nesterov=True,
+                           weight_decay=SGD_WEIGHT_DECAY)
+
+
+def anneal(opt: torch.optim.Optimizer, lr: float, step: int, total: int) -> None:
+    """Every group's lr to lr · :func:`inverse_decay` (step, total), set before the step
+    (SHOT sets it before each step, from step 1 of N)."""
+    for group in opt.param_groups:
+        group["lr"] = lr * inverse_decay(step, total)
+
+
+def epoch_steps(epochs: int, batch_size: int, m: int) -> int:
+    """Optimiser steps of ``epochs`` passes over ``m`` samples, ceil(m / batch) each (SHOT's
+    and its successors' ``max_iter = max_epoch · len(loader)``)."""
+    return epochs * math.ceil(m / min(batch_size, max(m, 1)))

@@ -35,8 +35,8 @@ from mrtf.refinery.neighbourhood import (
     adapt_with_banks,
     attraction,
     check_recipe,
-    epoch_steps,
 )
+from mrtf.schedule import epoch_steps
 
 
 @dataclass(frozen=True)

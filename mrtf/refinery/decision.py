@@ -47,12 +47,10 @@ from mrtf.models import has_batchnorm
 from mrtf.refinery.cluster import prototypes
 from mrtf.refinery.distill import _batches, gather_rows
 from mrtf.refinery.shot import _last_linear, _with_one, shot_pseudo_labels
-from mrtf.schedule import inverse_decay
+from mrtf.schedule import anneal, shot_sgd
 
 _EPS = 1e-5  # inside log(p̄), as SHOT's and DECISION's code
 _CHUNK = 1024  # rows per inference chunk of the eval passes
-#: SHOT's and DECISION's code: SGD momentum 0.9, Nesterov, weight decay 1e-3 on every group
-_MOMENTUM, _WEIGHT_DECAY = 0.9, 1e-3
 
 
 @dataclass(frozen=True)
@@ -277,8 +275,7 @@ def _train(models: list[nn.Module], a: torch.Tensor, source, cfg: DecisionSettin
     if not params or (batch < 2 and any(has_batchnorm(mod) for mod in models)):
         return 0, 0  # nothing to adapt, or BatchNorm cannot train on single-sample batches
     epochs, every = cfg.epochs(m), cfg.steps_per_epoch(m)
-    opt = torch.optim.SGD([{"params": params}, {"params": [a]}], lr=cfg.lr,
-                          momentum=_MOMENTUM, nesterov=True, weight_decay=_WEIGHT_DECAY)
+    opt = shot_sgd([{"params": params}, {"params": [a]}], cfg.lr)
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)  # dropout masks
     batches = list(_batches(m, epochs * every, cfg.batch_size, gen))
@@ -304,7 +301,6 @@ def _train(models: list[nn.Module], a: torch.Tensor, source, cfg: DecisionSettin
             raise FusionError(f"DECISION diverged: loss is {value} at step {step}")
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        for group in opt.param_groups:  # the lr set before each step, from step 1 of N
-            group["lr"] = cfg.lr * inverse_decay(step, len(batches))
+        anneal(opt, cfg.lr, step, len(batches))  # before each step, from step 1 of N
         opt.step()
     return epochs, len(batches)

@@ -38,12 +38,10 @@ from tqdm import tqdm
 from mrtf.device import pick_device
 from mrtf.errors import FusionError, InputError
 from mrtf.refinery.distill import _batches, gather_rows
-from mrtf.schedule import inverse_decay
+from mrtf.schedule import anneal, shot_sgd
 
 _CHUNK = 1024  # rows per inference chunk of the bank pass
 _QUERY_BLOCK = 128  # queries per similarity block of nearest()
-#: the authors' lr_scheduler (SHOT's): momentum 0.9, Nesterov, weight decay 1e-3
-SGD_MOMENTUM, SGD_WEIGHT_DECAY = 0.9, 1e-3
 
 
 class Recipe(Protocol):
@@ -54,12 +52,6 @@ class Recipe(Protocol):
     lr: float
 
     def num_steps(self, m: int) -> int: ...
-
-
-def epoch_steps(epochs: int, batch_size: int, m: int) -> int:
-    """Optimiser steps of ``epochs`` passes over ``m`` samples, ceil(m / batch) each (the
-    authors' ``max_iter = max_epoch · len(loader)``)."""
-    return epochs * math.ceil(m / min(batch_size, max(m, 1)))
 
 
 def check_recipe(name: str, recipe: Recipe) -> None:
@@ -207,8 +199,7 @@ def _train(model: nn.Module, source, objective: Objective, recipe: Recipe, banks
     rows = np.unique(np.concatenate(batches))
     data = gather_rows(source, rows)  # one streaming read instead of a random read per step
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(params, lr=recipe.lr, momentum=SGD_MOMENTUM, nesterov=True,
-                          weight_decay=SGD_WEIGHT_DECAY)
+    opt = shot_sgd(params, recipe.lr)
     total = len(batches)
     model.train()
     for step, idx in enumerate(tqdm(batches, desc=run.name, leave=False,
@@ -222,8 +213,7 @@ def _train(model: nn.Module, source, objective: Objective, recipe: Recipe, banks
         value = float(loss.detach())
         if not math.isfinite(value):
             raise FusionError(f"{run.name} diverged: loss is {value} at step {step}")
-        for group in opt.param_groups:  # set before each step, from step 1 of N (schedule.py)
-            group["lr"] = recipe.lr * inverse_decay(step, total)
+        anneal(opt, recipe.lr, step, total)  # before each step, from step 1 of N
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

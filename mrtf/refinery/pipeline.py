@@ -30,7 +30,7 @@ from mrtf.refinery import methods  # noqa: F401 - registers the built-in methods
 from mrtf.refinery.config import METHOD_SPECS, METHODS, VARIANTS, RefineConfig
 from mrtf.refinery.ensemble import ensemble_targets
 from mrtf.refinery.plan import check_fits, check_parties, newest_locals, plan_models
-from mrtf.refinery.preview import PlanWatch, RefinePreview, choice_of, preview_of
+from mrtf.refinery.preview import PlanWatch, RefinePreview, preview_of
 from mrtf.refinery.registry import get_method
 from mrtf.refinery.report import RefineResult, accuracy_of, report
 from mrtf.refinery.state import RefineState
@@ -55,12 +55,9 @@ def refine(received, source, config: RefineConfig | None = None,
         choice before the distillation (preview.py); watching changes no result.
     Same inputs and seed → identical results (bit for bit on the same machine).
     """
-    config = config or RefineConfig()
-    config.validate()
     watch = watch or PlanWatch()
-    state = RefineState(received, source, config, get_method(config.method),
-                        pick_device(config.device), student is not None)
-    plan_models(state, student)
+    state = planned(received, source, config, student)
+    config = state.config
     t0 = time.perf_counter()
     check_parties(state)
     watch.planned(preview_of(state))
@@ -69,7 +66,7 @@ def refine(received, source, config: RefineConfig | None = None,
         state.timings["teachers"] = time.perf_counter() - t0
         if state.taught:
             gather_evidence(state)
-        watch.chosen(choice_of(state))
+        watch.chosen(state.method.choice(state))
         if state.taught:
             make_targets(state)
         state.logits = state.features = None  # free (K, M, C) before distilling
@@ -82,17 +79,25 @@ def preview(received, source, config: RefineConfig | None = None,
     """The plan :func:`refine` would follow and the method's choice, without the targets
     and the distillation: stages 1-4 (the party checks and the data pass), as ``mrtf
     inspect RECEIVED --data`` shows them."""
+    state = planned(received, source, config, student)
+    check_parties(state)
+    with open_storage(received, source, state.config) as state.storage:
+        teach(state)
+        if state.taught:
+            state.method.evidence(state)
+        return preview_of(state), state.method.choice(state)
+
+
+def planned(received, source, config: RefineConfig | None,
+            student: nn.Module | None) -> RefineState:
+    """Stage 1 for :func:`refine` and :func:`preview`: the config checked once, the state,
+    and its plan of who teaches and who learns."""
     config = config or RefineConfig()
     config.validate()
     state = RefineState(received, source, config, get_method(config.method),
                         pick_device(config.device), student is not None)
     plan_models(state, student)
-    check_parties(state)
-    with open_storage(received, source, config) as state.storage:
-        teach(state)
-        if state.taught:
-            state.method.evidence(state)
-        return preview_of(state), choice_of(state)
+    return state
 
 
 def gather_evidence(state: RefineState) -> None:

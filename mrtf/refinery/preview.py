@@ -78,12 +78,6 @@ def preview_of(state: RefineState) -> RefinePreview:
         list(state.notes))
 
 
-def choice_of(state: RefineState) -> str:
-    """The method's choice once its evidence is read (stage 4), in its own words
-    (``Method.choice``: the default's vote-or-adapt reading, what the others always do)."""
-    return state.method.choice(state)
-
-
 def _teacher_name(plan, teacher) -> str:
     """A teacher's name: the plan's names follow the teachers' order (local models, θ_t,
     θ_{t+1} or the student)."""

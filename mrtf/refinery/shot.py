@@ -28,14 +28,12 @@ from mrtf.errors import FusionError, InputError
 from mrtf.models import has_batchnorm
 from mrtf.refinery.cluster import prototypes
 from mrtf.refinery.distill import _batches, gather_rows
-from mrtf.schedule import inverse_decay
+from mrtf.schedule import anneal, epoch_steps, shot_sgd
 
 _EPS = 1e-5  # inside log(mean prediction), as SHOT's code: finite when a class mean is 0
 _CHUNK = 1024  # rows per inference chunk of the pseudo-label pass
 _LABEL_BLOCK = 65_536  # rows per block of the nearest-centroid pass
 OPTIMIZERS = ("adam", "sgd")
-#: SHOT's code (digit/uda_digit.py, lr_scheduler): momentum 0.9, Nesterov, weight decay 1e-3
-_SGD_MOMENTUM, _SGD_WEIGHT_DECAY = 0.9, 1e-3
 
 
 @dataclass(frozen=True)
@@ -87,7 +85,7 @@ class ShotSettings:
     def num_steps(self, m: int) -> int:
         """Optimiser steps on a target of ``m`` samples."""
         if self.epochs > 0:
-            steps = self.epochs * math.ceil(m / min(self.batch_size, max(m, 1)))
+            steps = epoch_steps(self.epochs, self.batch_size, m)
             return min(steps, self.max_steps) if self.max_steps > 0 else steps
         return self.steps
 
@@ -308,15 +306,13 @@ def _train(model: nn.Module, head: nn.Linear, source, run: _AdaptRun) -> None:
             raise FusionError(f"SHOT diverged: loss is {value} at step {step}")
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        if cfg.optimizer == "sgd":  # SHOT sets the lr before each step, from step 1 of N
-            for group in opt.param_groups:
-                group["lr"] = cfg.lr * inverse_decay(step, len(batches))
+        if cfg.optimizer == "sgd":  # SHOT's schedule (mrtf/schedule.py)
+            anneal(opt, cfg.lr, step, len(batches))
         opt.step()
 
 
 def _optimizer(params: list[torch.Tensor], cfg: ShotSettings) -> torch.optim.Optimizer:
     """Adam at ``cfg.lr`` (the project's), or SHOT's SGD (its lr set step by step)."""
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=_SGD_MOMENTUM, nesterov=True,
-                               weight_decay=_SGD_WEIGHT_DECAY)
+        return shot_sgd(params, cfg.lr)
     return torch.optim.Adam(params, lr=cfg.lr)
