@@ -47,9 +47,9 @@ from mrtf.refinery.neighbourhood import (
     adapt_with_banks,
     attraction,
     check_recipe,
-    epoch_steps,
     nearest,
 )
+from mrtf.schedule import epoch_steps
 
 
 @dataclass(frozen=True)
