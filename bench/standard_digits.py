@@ -57,6 +57,7 @@ from mrtf.refinery import (
     shot_adapt,
     teacher_logits,
 )
+from mrtf.trust.metrics import ece
 
 
 @dataclass(frozen=True)
@@ -187,8 +188,18 @@ def _refined(method: str, **extra) -> Method:
         res = refine(received, target, RefineConfig(method=method, seed=seed, progress=False,
                                                     **extra))
         novelty = None if res.novelty is None else res.novelty.line()
-        return res.probs, {"timings": res.timings} | ({"novelty": novelty} if novelty else {})
+        return res.probs, ({"timings": res.timings} | ({"novelty": novelty} if novelty else {})
+                           | estimate_of(res, target.labels()))
     return run
+
+
+def estimate_of(res, y: np.ndarray) -> dict:
+    """The label-free estimate ± and the calibrated confidence's ECE (scored here, with y)."""
+    out = {"estimate": res.accuracy.refined, "plus_minus": res.accuracy.plus_minus}
+    if res.calibration is not None:
+        right = res.probs.argmax(1) == y
+        out["ece"] = ece(res.calibration.confidence, right)
+    return out
 
 
 def _ensemble(received, target, seed: int) -> tuple[np.ndarray, dict]:
