@@ -78,7 +78,7 @@ def refine_job(cfg: FlowerConfig, received: Path, out: Path) -> RefineJob:
     """The job the pilot party runs: :func:`refine_args`'s command as a RefineJob."""
     config = RefineConfig(method=cfg.pilot_method, steps=cfg.refine_steps,
                           clr_min_round=cfg.clr_min_round, variant=cfg.variant, seed=cfg.seed,
-                          progress=False)
+                          progress=False, method_options=cfg.method_options())
     return RefineJob(received, cfg.target, labels=out / "labels.h5",
                      model=out / "refined.safetensors", config=config, force=True)
 
@@ -90,7 +90,8 @@ def refine_args(cfg: FlowerConfig, received: Path, out: Path) -> list[str]:
             "--data", str(cfg.target), "--labels", str(out / "labels.h5"),
             "--model", str(out / "refined.safetensors"), "--method", cfg.pilot_method,
             "--steps", str(cfg.refine_steps), "--clr-min-round", str(cfg.clr_min_round),
-            "--variant", cfg.variant, "--seed", str(cfg.seed), "--quiet", "--force"]
+            "--variant", cfg.variant, "--seed", str(cfg.seed), "--quiet", "--force",
+            *[arg for kv in cfg.pilot_options.split() for arg in ("--option", kv)]]
 
 
 class LogReporter(Reporter):
