@@ -4,7 +4,6 @@ methods (registry.py; ``METHODS`` and ``METHOD_SPECS`` are read from there)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from mrtf.averaging import parse_aggregate
 from mrtf.errors import InputError
@@ -12,7 +11,7 @@ from mrtf.refinery.augment import DEFAULT_JITTER, Jitter
 from mrtf.refinery.distill import BATCH_SIZE, STEPS, DistillRun
 from mrtf.refinery.neighbour_vote import NEIGHBOURS, check_neighbours
 from mrtf.refinery.prior_choice import CLASS_PRIORS
-from mrtf.refinery.registry import METHOD_SPECS, METHODS, get_method
+from mrtf.refinery.registry import METHOD_SPECS, METHODS, MethodOptions, get_method
 from mrtf.refinery.teachers import STACK_MODES
 from mrtf.refinery.variants import VARIANTS
 
@@ -93,7 +92,7 @@ class RefineConfig:
     scratch_dir: str | None = None
     neighbour_vote: int = NEIGHBOURS
     augment: bool = True
-    method_options: Any = None
+    method_options: MethodOptions | None = None
 
     @property
     def vote_k(self) -> int:
@@ -111,7 +110,7 @@ class RefineConfig:
         return DEFAULT_JITTER if self.augment and get_method(self.method).augment else None
 
     @property
-    def options(self) -> Any:
+    def options(self) -> MethodOptions | None:
         """The method's own settings for this run: ``method_options``, else the registered
         method's defaults (None for a method without any)."""
         if self.method_options is not None:

@@ -12,7 +12,7 @@ from dataclasses import fields, replace
 from typing import Any
 
 from mrtf.errors import InputError
-from mrtf.refinery.registry import METHOD_SPECS
+from mrtf.refinery.registry import METHOD_SPECS, Method, MethodOptions
 
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
@@ -29,7 +29,7 @@ def option_keys(method: str) -> list[str]:
     return [] if own is None else [f.name for f in fields(own)]
 
 
-def method_options(method: str, assignments: Sequence[str]) -> Any:
+def method_options(method: str, assignments: Sequence[str]) -> MethodOptions | None:
     """``method``'s settings with every ``KEY=VALUE`` of ``assignments`` set (later ones win);
     None when there are none (the method's defaults)."""
     if not assignments:
@@ -50,7 +50,7 @@ def method_options(method: str, assignments: Sequence[str]) -> Any:
     return replace(own, **values)
 
 
-def _method(name: str) -> Any:
+def _method(name: str) -> Method:
     try:
         return METHOD_SPECS[name]
     except KeyError:

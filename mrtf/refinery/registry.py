@@ -10,9 +10,17 @@ methods, which use the config, register into it.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, overload
+from typing import Any, Protocol, overload
 
 TEACHER_SETS = ("none", "locals", "all")
+
+
+class MethodOptions(Protocol):
+    """A method's own settings: a frozen dataclass that checks itself (``ShotSettings``,
+    ``AadSettings``, ``NrcSettings``, ``DecisionSettings``)."""
+
+    def validate(self) -> None:
+        """Raise InputError (one line) on a bad value."""
 
 
 class Method:
@@ -47,7 +55,7 @@ class Method:
     trust_default: bool = False
     takes_class_prior: bool = False
     uses_u_t: bool = False
-    settings: Any = None
+    settings: MethodOptions | None = None
 
     def teacher_list(self, locals_: list, start: Any, self_model: Any) -> list:
         """The models that teach: none, the local models, or all (then θ_t when received

@@ -32,6 +32,8 @@ def test_flower_config_defaults_are_the_simulators():
     for name in ("arch", "epochs", "lr", "batch_size", "mu", "eval_every"):
         assert getattr(flower, name) == getattr(run, name), name
     assert flower.pilot_method == RefineConfig().method
+    assert (flower.method, flower.num_rounds, flower.seed) == (run.methods[0], run.rounds,
+                                                               run.seeds[0])
 
 
 def test_flower_app_run_config_states_the_same_defaults():

@@ -20,6 +20,7 @@ from mrtf.federated.methods import METHODS, MethodSettings
 from mrtf.federated.run_config import RunConfig
 from mrtf.refinery.config import RefineConfig
 from mrtf.refinery.options import method_options
+from mrtf.refinery.registry import MethodOptions
 from mrtf.refinery.variants import VARIANTS
 
 MODES = ("train", "pilot")
@@ -36,9 +37,9 @@ class FlowerConfig:
     their node config; ``fraction`` of them train each round (the in-process ``ratio``)."""
 
     mode: str = "train"
-    method: str = "fedavg"
-    num_rounds: int = 1
-    seed: int = 0
+    method: str = _RUN.methods[0]
+    num_rounds: int = _RUN.rounds
+    seed: int = _RUN.seeds[0]
     clients: int = 3
     fraction: float = 1.0
     min_parties: int = 1
@@ -116,7 +117,7 @@ class FlowerConfig:
         self.local_config()  # its own checks
         self.method_options()
 
-    def method_options(self) -> Any:
+    def method_options(self) -> MethodOptions | None:
         """The pilot's ``RefineConfig.method_options``, from ``pilot-options``."""
         try:
             return method_options(self.pilot_method, self.pilot_options.split())
