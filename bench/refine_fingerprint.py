@@ -93,7 +93,9 @@ def demo():
     models = []
     for k, cls in enumerate(((0, 1), (2, 3), (4, 5))):
         idx = train[np.isin(ds.y[train], cls)]
-        res = local_train(init, x[idx], y[idx], 10, LocalConfig(steps=100, lr=0.01), seed=k)
+        # batch 64: the fingerprints' parties (LocalConfig's default batch is 16 now)
+        local = LocalConfig(steps=100, lr=0.01, batch_size=64)
+        res = local_train(init, x[idx], y[idx], 10, local, seed=k)
         models.append(
             ReceivedModel(
                 Path(f"client-{k}.safetensors"), _meta("local", res), res.model.state_dict()

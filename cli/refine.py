@@ -7,19 +7,25 @@ after, and the ``--json`` summary."""
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import click
 
 from mrtf.cli.common import Out, output_options
+from mrtf.cli.defaults import field_default, field_option
 from mrtf.cli.plan import say_plan
 from mrtf.cli.refine_report import say_account, say_selection, scores, summary
 from mrtf.jobs import FusedFiles, RefinedFiles, RefineJob, Reporter, refine_files
 from mrtf.refinery import METHODS, RefineConfig
-from mrtf.refinery.neighbour_vote import NEIGHBOURS
+from mrtf.refinery.config import STREAM_MODES
+from mrtf.refinery.options import method_options, methods_with_options
 from mrtf.refinery.preview import RefinePreview
+from mrtf.refinery.prior_choice import CLASS_PRIORS
 from mrtf.refinery.registry import method_help
+from mrtf.refinery.storage import STREAM_ABOVE_BYTES
+from mrtf.refinery.variants import VARIANTS
 
 
 @click.command(name="refine")
@@ -33,43 +39,45 @@ from mrtf.refinery.registry import method_help
 @click.option("--csv", "csv_out", type=click.Path(path_type=Path), default=None,
               help="Write the labels as CSV too: id (the file name, or the row), label, "
                    "confidence.")
-@click.option("--method", type=click.Choice(METHODS), default="adaptive", show_default=True,
-              help=method_help())
-@click.option("--variant", type=click.Choice(["paper", "reference"]), default="paper",
-              show_default=True, help="Follow the paper, or the authors' public code.")
+@field_option(RefineConfig, "--method", type=click.Choice(METHODS), help=method_help())
+@field_option(RefineConfig, "--variant", type=click.Choice(VARIANTS),
+              help="Follow the paper, or the authors' public code.")
 @click.option("--steps", type=int, default=None,
-              help="Distillation steps (default 500; data-free: student steps).")
-@click.option("--batch-size", type=int, default=64, show_default=True)
+              help=f"Distillation steps (default {field_default(RefineConfig, 'steps')}; "
+                   "data-free: student steps).")
+@field_option(RefineConfig, "--batch-size", type=int)
 @click.option("--lr", type=float, default=None, help="Distillation learning rate.")
-@click.option("--tau", type=float, default=4.0, show_default=True, help="Temperature τ.")
-@click.option("--clr-iterations", type=int, default=1, show_default=True)
-@click.option("--clr-min-round", type=int, default=5, show_default=True,
+@field_option(RefineConfig, "--tau", type=float, help="Temperature τ.")
+@field_option(RefineConfig, "--clr-iterations", type=int)
+@field_option(RefineConfig, "--clr-min-round", type=int,
               help="Skip the clustered label refinery for models of the first N rounds "
                    "(rounds 1..N; the paper skips the first 5). 0 = always apply it.")
-@click.option("--class-prior", type=click.Choice(["auto", "learned", "uniform"]),
-              default="auto", show_default=True,
+@field_option(RefineConfig, "--class-prior", type=click.Choice(CLASS_PRIORS),
               help="adaptive: what the vote assumes of your data's class frequencies. "
                    "'uniform': every class about equally often (each model's class bias is "
                    "divided out; better labels on balanced data, worse on skewed data); "
                    "'learned': learnt from the votes; 'auto': whichever of the two gives "
                    "labels that agree more with the data's own nearest neighbours than "
                    "their class frequencies alone would give.")
-@click.option("--neighbour-vote", type=int, default=NEIGHBOURS,
-              show_default=True,
+@field_option(RefineConfig, "--neighbour-vote", type=int,
               help="adaptive: each label is the refined model's vote over the sample and its "
                    "K nearest samples in the model's feature space (+1 point of accuracy on "
                    "the benchmarks, see README). 0: the model's own prediction.")
-@click.option("--augment/--no-augment", default=True, show_default=True,
+@field_option(RefineConfig, "--augment/--no-augment",
               help="adaptive: jitter the refined model's inputs while it learns (small "
                    "shifts and rotations; +0.5 to +0.9 points on the benchmarks, see README). "
                    "Images only.")
-@click.option("--aggregate", default="mean", show_default=True,
+@field_option(RefineConfig, "--aggregate",
               help="The parameter average θ_{t+1}: mean (weighted by n_samples), median "
                    "(coordinate-wise) or trimmed:β (coordinate-wise trimmed mean, 0 <= β < 0.5).")
-@click.option("--trust/--no-trust", "trust", default=None,
+@field_option(RefineConfig, "--trust/--no-trust", "trust",
               help="Measure every party on --data and leave excluded ones out of the "
                    "average and the teachers (default: on for adaptive, off for the paper's "
                    "methods).")
+@click.option("--option", "method_option", multiple=True, metavar="KEY=VALUE",
+              help="A setting of the method's own: a field of its settings, e.g. "
+                   "sample_budget=20000 for decision, epochs=10 for shot. Repeatable. Methods "
+                   "that take them: " + ", ".join(methods_with_options()) + ".")
 @click.option("--min-confidence", type=float, default=None,
               help="Leave samples whose calibrated confidence is below this unlabeled "
                    "(label -1, abstained = 1 in the labels file).")
@@ -88,13 +96,13 @@ from mrtf.refinery.registry import method_help
               help="Your own model code (trusted, local): received files that name this "
                    "module:factory are built with it; the current folder is importable. "
                    "Repeatable.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--device", default=None, help="cpu, cuda, ... (default: CUDA when present).")
-@click.option("--stream", type=click.Choice(["auto", "on", "off"]), default="auto",
-              show_default=True,
+@field_option(RefineConfig, "--seed", type=int)
+@field_option(RefineConfig, "--device", help="cpu, cuda, ... (default: CUDA when present).")
+@field_option(RefineConfig, "--stream", type=click.Choice(STREAM_MODES),
               help="Stream the target set: teachers' outputs go to a scratch folder beside the "
                    "labels (removed at the end), memory stays flat in the number of samples. "
-                   "auto: when holding them would take more than ~768 MB. Same labels.")
+                   f"auto: when holding them would take more than ~{STREAM_ABOVE_BYTES >> 20} "
+                   "MB. Same labels.")
 @click.option("--force", is_flag=True, help="Replace existing outputs.")
 @output_options
 def refine_cmd(received: Path, data: Path | None, labels_out: Path | None,
@@ -121,18 +129,14 @@ def refine_cmd(received: Path, data: Path | None, labels_out: Path | None,
 
 
 def refine_config(opts: dict[str, Any], progress: bool) -> RefineConfig:
-    """The refinery's settings of the options (``--steps`` left out: RefineConfig's
-    default)."""
-    steps = {} if opts["steps"] is None else {"steps": opts["steps"]}
-    return RefineConfig(method=opts["method"], variant=opts["variant"], tau=opts["tau"],
-                        batch_size=opts["batch_size"], lr=opts["lr"],
-                        clr_iterations=opts["clr_iterations"],
-                        clr_min_round=opts["clr_min_round"], seed=opts["seed"],
-                        device=opts["device"], progress=progress,
-                        class_prior=opts["class_prior"], trust=opts["trust"],
-                        aggregate=opts["aggregate"], stream=opts["stream"],
-                        neighbour_vote=opts["neighbour_vote"], augment=opts["augment"],
-                        **steps)
+    """The refinery's settings of the options: every option named as a RefineConfig field
+    (``--steps`` left out when not given: RefineConfig's default), ``--option`` as the
+    method's own settings."""
+    given = {f.name: opts[f.name] for f in fields(RefineConfig) if f.name in opts}
+    if given["steps"] is None:
+        del given["steps"]
+    options = method_options(opts["method"], opts["method_option"])
+    return RefineConfig(**given, progress=progress, method_options=options)
 
 
 class CliReporter(Reporter):

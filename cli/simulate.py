@@ -22,12 +22,13 @@ _RUN = RunConfig()
 
 
 @click.command()
-@click.option("--dataset", default="mnist5k", show_default=True,
+@click.option("--dataset", default=_RUN.dataset, show_default=True,
               help="Built-in dataset (digits, mnist5k, mnistm5k), a standard one (mnist, usps, "
                    "mnistm; NAME[:SPLIT][:framed], e.g. mnist:train; bare NAME = its test "
                    "split; usps:train:framed = USPS in MNIST's 20×20-in-28×28 frame; read "
                    "from $MRTF_DATA, see `mrtf data`) or an .h5 file with x and y.")
-@click.option("--clients", "-K", default=20, show_default=True, help="Number of clients K.")
+@click.option("--clients", "-K", default=_RUN.clients, show_default=True,
+              help="Number of clients K.")
 @click.option("--split", default=_RUN.split, show_default=True,
               help="iid, label:C (C classes per client) or dirichlet:ALPHA.")
 @click.option("--ratio", "-R", default=_RUN.ratio, show_default=True,
@@ -63,7 +64,8 @@ _RUN = RunConfig()
 @click.option("--image-size", type=int, default=None, help="Resize images to this size.")
 @click.option("--channels", type=click.Choice(["1", "3"]), default=None,
               help="Convert images to 1 or 3 channels.")
-@click.option("--seed", default=0, show_default=True, help="Seed for splits, init, training.")
+@click.option("--seed", default=_RUN.seeds[0], show_default=True,
+              help="Seed for splits, init, training.")
 @click.option("--export-received", type=click.Path(path_type=Path), default=None,
               help="Write the last round's received models (bundles) into this directory.")
 @click.option("--export-history", is_flag=True,

@@ -42,7 +42,9 @@ def digits(one_thread, tmp_path_factory):
     out = tmp_path_factory.mktemp("received")
     for k, classes in enumerate(PARTIES):
         idx = train[torch.isin(y[train], torch.tensor(classes))]
-        res = local_train(start, x[idx], y[idx], 10, LocalConfig(steps=120, lr=0.05), seed=k)
+        # batch 64: the batch these parties were set up with (LocalConfig's is 16 now)
+        local = LocalConfig(steps=120, lr=0.05, batch_size=64)
+        res = local_train(start, x[idx], y[idx], 10, local, seed=k)
         meta = BundleMeta(arch="lenet", num_classes=10, arch_kwargs=KW, party=f"p{k}",
                           label_counts=res.label_counts, n_samples=res.n_samples, round=0)
         save_bundle(out / f"p{k}.safetensors", res.model, meta)

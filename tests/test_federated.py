@@ -48,7 +48,8 @@ def test_fedprox_term_keeps_model_closer():
     start = vector(model.parameters()).detach()
 
     def drift(mu):
-        res = local_train(model, x, y, 10, LocalConfig(steps=30, mu=mu), seed=0)
+        local = LocalConfig(steps=30, mu=mu, batch_size=64)  # the batch this was set with
+        res = local_train(model, x, y, 10, local, seed=0)
         return float((vector(res.model.parameters()).detach() - start).norm())
 
     assert drift(1.0) < drift(0.0)

@@ -17,6 +17,8 @@ from mrtf.federated.local import SHOT_JITTER, LocalConfig
 from mrtf.federated.methods import METHODS, MethodSettings
 from mrtf.refinery.variants import VARIANTS
 
+#: the client update's defaults, read from their one definition (LocalConfig)
+_LOCAL = LocalConfig()
 RUN_FILES = ("config.json", "config.toml", "metrics.jsonl", "metrics.h5", "accuracy.png",
              "summary.md")
 
@@ -32,17 +34,17 @@ class RunConfig(MethodSettings):
     split: str = "dirichlet:0.1"
     ratio: float = 0.2
     rounds: int = 1
-    epochs: int = 2
-    local_steps: int | None = None
-    lr: float = 0.05
-    batch_size: int = 16  # measured: docs/results.md ("Defaults")
+    epochs: int = _LOCAL.epochs
+    local_steps: int | None = _LOCAL.steps
+    lr: float = _LOCAL.lr
+    batch_size: int = _LOCAL.batch_size  # LOCAL_BATCH_SIZE, measured (its comment)
     local_algorithm: str = "fedavg"
-    mu: float = 0.0  # FedProx μ: needs local_algorithm = fedprox and μ > 0 (e.g. 0.01)
+    mu: float = _LOCAL.mu  # FedProx μ: needs local_algorithm = fedprox and μ > 0 (e.g. 0.01)
     # the party recipe's knobs (LocalConfig; recipes.py, docs/party-recipe.md)
-    weight_decay: float = 1e-5
-    label_smoothing: float = 0.0
-    nesterov: bool = False
-    lr_decay: str = "none"  # or "inverse": SHOT's lr·(1 + 10·i/N)^−0.75
+    weight_decay: float = _LOCAL.weight_decay
+    label_smoothing: float = _LOCAL.label_smoothing
+    nesterov: bool = _LOCAL.nesterov
+    lr_decay: str = _LOCAL.lr_decay  # or "inverse": SHOT's lr·(1 + 10·i/N)^−0.75
     local_augment: bool = False  # SHOT's USPS augmentation (shift ≤ 4/28, rotation ≤ 10°)
     arch: str = "lenet"
     norm: str | None = None

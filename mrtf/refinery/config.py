@@ -11,7 +11,7 @@ from mrtf.refinery.augment import DEFAULT_JITTER, Jitter
 from mrtf.refinery.distill import BATCH_SIZE, STEPS, DistillRun
 from mrtf.refinery.neighbour_vote import NEIGHBOURS, check_neighbours
 from mrtf.refinery.prior_choice import CLASS_PRIORS
-from mrtf.refinery.registry import METHOD_SPECS, METHODS, get_method
+from mrtf.refinery.registry import METHOD_SPECS, METHODS, MethodOptions, get_method
 from mrtf.refinery.teachers import STACK_MODES
 from mrtf.refinery.variants import VARIANTS
 
@@ -63,6 +63,13 @@ class RefineConfig:
     augment : (adaptive only) jitter the student's image inputs while it distils: shifts up
         to 2/28 of the side and rotations up to 10° (augment.py; +0.9 / +0.5 points on the grid
         / fresh sets). False = distil the clean images only.
+    method_options : the method's own settings for this run, an instance of the type of its
+        registered defaults (``Method.settings``: shot ``ShotSettings``, aad ``AadSettings``,
+        nrc ``NrcSettings``, decision ``DecisionSettings``), e.g.
+        ``RefineConfig(method="decision", method_options=DecisionSettings(sample_budget=
+        20_000))``; None (default) = the method's defaults. Checked in :meth:`validate`;
+        :attr:`options` is what the method runs with. ``mrtf refine --option KEY=VALUE`` sets
+        one field (options.py).
     """
 
     method: str = "adaptive"
@@ -85,6 +92,7 @@ class RefineConfig:
     scratch_dir: str | None = None
     neighbour_vote: int = NEIGHBOURS
     augment: bool = True
+    method_options: MethodOptions | None = None
 
     @property
     def vote_k(self) -> int:
@@ -100,6 +108,14 @@ class RefineConfig:
     def jitter(self) -> Jitter | None:
         """The student's input jitter: the default for a method that jitters, else None."""
         return DEFAULT_JITTER if self.augment and get_method(self.method).augment else None
+
+    @property
+    def options(self) -> MethodOptions | None:
+        """The method's own settings for this run: ``method_options``, else the registered
+        method's defaults (None for a method without any)."""
+        if self.method_options is not None:
+            return self.method_options
+        return get_method(self.method).settings
 
     def distill_run(self, seed_offset: int = 0) -> DistillRun:
         """The distillation's schedule: steps, batch, lr, ``seed + seed_offset``, variant, and
@@ -135,4 +151,16 @@ class RefineConfig:
             raise InputError(str(exc)) from None
         check_neighbours(self.neighbour_vote)
         bad(self.stream not in STREAM_MODES, f"stream must be one of {STREAM_MODES}")
+        self._check_options()
+
+    def _check_options(self) -> None:
+        """``method_options`` of the method's own type, and the options' own checks."""
+        own, given = get_method(self.method).settings, self.method_options
+        if given is not None and own is None:
+            raise InputError(f"method {self.method} takes no method options")
+        if given is not None and type(given) is not type(own):
+            raise InputError(f"the options of method {self.method} are a "
+                             f"{type(own).__name__}, got {type(given).__name__}")
+        if self.options is not None:
+            self.options.validate()
 

@@ -10,9 +10,17 @@ methods, which use the config, register into it.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, overload
+from typing import Any, Protocol, overload
 
 TEACHER_SETS = ("none", "locals", "all")
+
+
+class MethodOptions(Protocol):
+    """A method's own settings: a frozen dataclass that checks itself (``ShotSettings``,
+    ``AadSettings``, ``NrcSettings``, ``DecisionSettings``)."""
+
+    def validate(self) -> None:
+        """Raise InputError (one line) on a bad value."""
 
 
 class Method:
@@ -27,6 +35,10 @@ class Method:
     trust_default : the party reliability checks run unless ``--trust`` says otherwise.
     takes_class_prior : ``--class-prior uniform`` applies to it (the default's consensus).
     uses_u_t : its targets read Eq. 10's u_t (a note says when it falls back).
+    settings : the method's own options, their defaults (a frozen dataclass with
+        ``validate()``, e.g. SHOT's ``ShotSettings.paper()``; None: the method has none).
+        Defined here once; a run's ``RefineConfig.method_options`` (an instance of the same
+        type) replaces them, and the method reads the run's from ``config.options``.
 
     Hooks (state: pipeline.RefineState), overridden by the methods (methods/base.py has the
     distilling default): ``notes``, ``wants_features``, ``evidence``, ``choice``, ``targets``,
@@ -43,6 +55,7 @@ class Method:
     trust_default: bool = False
     takes_class_prior: bool = False
     uses_u_t: bool = False
+    settings: MethodOptions | None = None
 
     def teacher_list(self, locals_: list, start: Any, self_model: Any) -> list:
         """The models that teach: none, the local models, or all (then θ_t when received

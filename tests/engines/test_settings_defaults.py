@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from dataclasses import fields
 
+from mrtf.cli.simulate import simulate
 from mrtf.engines.flower import APP_DIR
 from mrtf.engines.flower.config import FlowerConfig
+from mrtf.federated.local import LOCAL_BATCH_SIZE, LocalConfig
 from mrtf.federated.methods import MethodSettings
 from mrtf.federated.run_config import RunConfig
 from mrtf.refinery.config import CLR_MIN_ROUND, RefineConfig
@@ -30,6 +32,8 @@ def test_flower_config_defaults_are_the_simulators():
     for name in ("arch", "epochs", "lr", "batch_size", "mu", "eval_every"):
         assert getattr(flower, name) == getattr(run, name), name
     assert flower.pilot_method == RefineConfig().method
+    assert (flower.method, flower.num_rounds, flower.seed) == (run.methods[0], run.rounds,
+                                                               run.seeds[0])
 
 
 def test_flower_app_run_config_states_the_same_defaults():
@@ -42,3 +46,14 @@ def test_flower_app_run_config_states_the_same_defaults():
     given = {k.replace("-", "_"): v for k, v in app["config"].items()}
     defaults = FlowerConfig()
     assert given == {f.name: getattr(defaults, f.name) for f in fields(FlowerConfig)}
+
+
+def test_local_update_defaults_are_one_definition():
+    """LocalConfig, the simulator (``mrtf simulate``, ``mrtf demo``) and Flower: one local
+    batch (16, measured: docs/benchmarks/demo-and-runs.md) and one client update."""
+    assert LOCAL_BATCH_SIZE == 16
+    assert LocalConfig().batch_size == RunConfig().batch_size == FlowerConfig().batch_size \
+        == LOCAL_BATCH_SIZE
+    assert RunConfig().local_config() == FlowerConfig().local_config() == LocalConfig()
+    batch = next(p for p in simulate.params if p.name == "batch_size")
+    assert batch.default == LOCAL_BATCH_SIZE

@@ -19,6 +19,8 @@ from mrtf.federated.local import LocalConfig
 from mrtf.federated.methods import METHODS, MethodSettings
 from mrtf.federated.run_config import RunConfig
 from mrtf.refinery.config import RefineConfig
+from mrtf.refinery.options import method_options
+from mrtf.refinery.registry import MethodOptions
 from mrtf.refinery.variants import VARIANTS
 
 MODES = ("train", "pilot")
@@ -35,9 +37,9 @@ class FlowerConfig:
     their node config; ``fraction`` of them train each round (the in-process ``ratio``)."""
 
     mode: str = "train"
-    method: str = "fedavg"
-    num_rounds: int = 1
-    seed: int = 0
+    method: str = _RUN.methods[0]
+    num_rounds: int = _RUN.rounds
+    seed: int = _RUN.seeds[0]
     clients: int = 3
     fraction: float = 1.0
     min_parties: int = 1
@@ -70,6 +72,8 @@ class FlowerConfig:
     fedkf_oca: str = _METHOD.fedkf_oca
     # pilot mode: the refinery's method and steps, as `mrtf refine --method --steps`
     pilot_method: str = _REFINE.method
+    # pilot mode: the method's own settings, "KEY=VALUE ..." as `mrtf refine --option`
+    pilot_options: str = ""
 
     @classmethod
     def from_run_config(cls, run_config: dict[str, Any]) -> FlowerConfig:
@@ -111,6 +115,14 @@ class FlowerConfig:
         bad(self.variant not in VARIANTS, "variant must be paper or reference")
         bad(self.fedkf_oca not in VARIANTS, "fedkf-oca must be paper or reference")
         self.local_config()  # its own checks
+        self.method_options()
+
+    def method_options(self) -> MethodOptions | None:
+        """The pilot's ``RefineConfig.method_options``, from ``pilot-options``."""
+        try:
+            return method_options(self.pilot_method, self.pilot_options.split())
+        except InputError as exc:
+            raise InputError(f"run config: pilot-options: {exc}") from None
 
     @property
     def per_round(self) -> int:

@@ -14,6 +14,7 @@ run's thread count. What the job says (the plan before the long steps) goes to t
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +32,26 @@ from mrtf.refinery.config import RefineConfig
 from mrtf.refinery.preview import RefinePreview
 
 
-def run_pilot(grid: Any, cfg: FlowerConfig, ctx: ServerContext, strategy: Any, roster: Roster,
-              init: dict, target_y: np.ndarray | None, out: Path,
-              say: Callable[[str], None]) -> None:
-    every = FlowerConfig(**{**cfg.__dict__, "fraction": 1.0})  # every party, once
-    fl = MrtfFlowerStrategy(every, strategy, ctx, roster, init, target_y, say, rounds=1)
-    fl.start(grid, to_record(init), num_rounds=1, timeout=cfg.round_timeout)
+@dataclass(frozen=True)
+class PilotRun:
+    """What the ServerApp prepared before the pilot's one round: the checked config, mrtf's
+    server context and strategy (FedAvg), the connected parties, θ_0 and the target's y
+    (scoring only; None when the file has none)."""
+
+    cfg: FlowerConfig
+    ctx: ServerContext
+    strategy: Any
+    roster: Roster
+    init: dict
+    target_y: np.ndarray | None
+
+
+def run_pilot(grid: Any, run: PilotRun, out: Path, say: Callable[[str], None]) -> None:
+    cfg, ctx = run.cfg, run.ctx
+    every = replace(cfg, fraction=1.0)  # every party, once
+    fl = MrtfFlowerStrategy(every, run.strategy, ctx, run.roster, run.init, run.target_y, say,
+                            rounds=1)
+    fl.start(grid, to_record(run.init), num_rounds=1, timeout=cfg.round_timeout)
     received = out / "received"
     received.mkdir(exist_ok=True)
     for u in fl.last_updates:
@@ -63,7 +78,7 @@ def refine_job(cfg: FlowerConfig, received: Path, out: Path) -> RefineJob:
     """The job the pilot party runs: :func:`refine_args`'s command as a RefineJob."""
     config = RefineConfig(method=cfg.pilot_method, steps=cfg.refine_steps,
                           clr_min_round=cfg.clr_min_round, variant=cfg.variant, seed=cfg.seed,
-                          progress=False)
+                          progress=False, method_options=cfg.method_options())
     return RefineJob(received, cfg.target, labels=out / "labels.h5",
                      model=out / "refined.safetensors", config=config, force=True)
 
@@ -75,7 +90,8 @@ def refine_args(cfg: FlowerConfig, received: Path, out: Path) -> list[str]:
             "--data", str(cfg.target), "--labels", str(out / "labels.h5"),
             "--model", str(out / "refined.safetensors"), "--method", cfg.pilot_method,
             "--steps", str(cfg.refine_steps), "--clr-min-round", str(cfg.clr_min_round),
-            "--variant", cfg.variant, "--seed", str(cfg.seed), "--quiet", "--force"]
+            "--variant", cfg.variant, "--seed", str(cfg.seed), "--quiet", "--force",
+            *[arg for kv in cfg.pilot_options.split() for arg in ("--option", kv)]]
 
 
 class LogReporter(Reporter):

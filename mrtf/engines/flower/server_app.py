@@ -26,7 +26,7 @@ from flwr.supercore import log
 from mrtf.device import pick_device
 from mrtf.engines.flower.checks import enough_parties
 from mrtf.engines.flower.config import FlowerConfig
-from mrtf.engines.flower.pilot import run_pilot
+from mrtf.engines.flower.pilot import PilotRun, run_pilot
 from mrtf.engines.flower.polling import PollingGrid
 from mrtf.engines.flower.records import to_record
 from mrtf.engines.flower.roster import gather
@@ -86,7 +86,7 @@ def run(grid: Any, cfg: FlowerConfig, out: Path) -> None:
     init = {k: v.detach().clone() for k, v in model.state_dict().items()}
     strategy.initialize(init)
     if cfg.mode == "pilot":
-        return run_pilot(grid, cfg, ctx, strategy, roster, init, target_y, out, say)
+        return run_pilot(grid, PilotRun(cfg, ctx, strategy, roster, init, target_y), out, say)
     fl = MrtfFlowerStrategy(cfg, strategy, ctx, roster, init, target_y, say)
     fl.start(grid, to_record(init), num_rounds=cfg.num_rounds, timeout=cfg.round_timeout)
     finish_train(fl, cfg, ctx, out)

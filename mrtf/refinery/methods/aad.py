@@ -19,5 +19,5 @@ class Aad(SourceFree):
 
     def adapt(self, model: nn.Module, state: RefineState) -> nn.Module:
         config = state.config
-        return aad_adapt(model, state.source, self.settings, config.seed, state.dev,
+        return aad_adapt(model, state.source, config.options, config.seed, state.dev,
                          config.progress)

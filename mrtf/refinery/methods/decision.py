@@ -34,7 +34,8 @@ class Decision(Distilled):
     help = "every local model adapted to the target with learned source weights, DECISION"
     teachers = "locals"
 
-    #: the adapter's settings (paper's defaults; decision.py states the cost choice)
+    #: the adapter's settings, its defaults (the paper's; decision.py states the cost choice);
+    #: a run's own: ``RefineConfig.method_options``, read from ``config.options``
     settings = DecisionSettings()
 
     def choice(self, state: RefineState) -> str:
@@ -60,7 +61,7 @@ class Decision(Distilled):
         t0 = time.perf_counter()
         config = state.config
         result = decision_adapt([copy.deepcopy(m) for m in state.teachers], state.source,
-                                self.settings, config.seed, state.dev, config.progress)
+                                config.options, config.seed, state.dev, config.progress)
         state.timings["decision"] = time.perf_counter() - t0
         best = int(np.argmax(result.alpha))
         plan = state.plan

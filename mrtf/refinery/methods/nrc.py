@@ -19,5 +19,5 @@ class Nrc(SourceFree):
 
     def adapt(self, model: nn.Module, state: RefineState) -> nn.Module:
         config = state.config
-        return nrc_adapt(model, state.source, self.settings, config.seed, state.dev,
+        return nrc_adapt(model, state.source, config.options, config.seed, state.dev,
                          config.progress)

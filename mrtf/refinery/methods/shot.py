@@ -19,5 +19,5 @@ class Shot(SourceFree):
 
     def adapt(self, model: nn.Module, state: RefineState) -> nn.Module:
         config = state.config
-        return shot_adapt(model, state.source, self.settings, config.seed, state.dev,
+        return shot_adapt(model, state.source, config.options, config.seed, state.dev,
                           config.progress, state.spilled, config.scratch_dir)

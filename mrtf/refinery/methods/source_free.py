@@ -16,13 +16,14 @@ from mrtf.refinery.state import RefineState
 class SourceFree(Method):
     """A method that adapts θ_{t+1} to the target without teachers.
 
-    ``settings`` : the adapter's frozen settings; the class attribute is the method's recipe
-    (RefineConfig holds no per-method settings), and a variant is one more registered
-    instance, e.g. ``register_method(Aad(AadSettings(k=3), name="aad-k3"))``.
+    ``settings`` : the adapter's frozen settings; the class attribute is the method's recipe,
+    its defaults. One run's own are ``RefineConfig(method_options=...)`` (``mrtf refine
+    --option KEY=VALUE``), read by :meth:`adapt` from ``state.config.options``; a named
+    variant is one more registered instance, e.g.
+    ``register_method(Aad(AadSettings(k=3), name="aad-k3"))``.
     """
 
     teachers = "none"
-    settings: Any = None
 
     def __init__(self, settings: Any = None, name: str | None = None) -> None:
         if settings is not None:
@@ -35,7 +36,8 @@ class SourceFree(Method):
         raise NotImplementedError
 
     def notes(self, state: RefineState) -> list[str]:
-        return [f"{self.name}: {self.settings}; --steps, --batch-size and --lr do not apply"]
+        return [f"{self.name}: {state.config.options}; --steps, --batch-size and --lr do not "
+                "apply"]
 
     def choice(self, state: RefineState) -> str:
         return f"method {self.name}: θ_{{t+1}} adapted to the target, no teachers"

@@ -1,0 +1,112 @@
+"""A method's own options (issue 34, item 3): defined once as the registered method's
+``settings``, given for one run as ``RefineConfig.method_options`` (checked in validate),
+read by the method from ``config.options``; ``KEY=VALUE`` text (``mrtf refine --option``)
+parsed against the settings' fields (mrtf/refinery/options.py)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import asdict, replace
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from mrtf.cli.main import cli
+from mrtf.errors import InputError
+from mrtf.io.bundles import load_received
+from mrtf.io.hdf5 import H5Dataset
+from mrtf.io.labels import read_labels
+from mrtf.refinery import RefineConfig, refine
+from mrtf.refinery.aad import AadSettings, aad_adapt
+from mrtf.refinery.decision import DecisionSettings
+from mrtf.refinery.nrc import NrcSettings
+from mrtf.refinery.options import method_options, methods_with_options, option_keys
+from mrtf.refinery.registry import METHOD_SPECS
+from mrtf.refinery.shot import ShotSettings
+from mrtf.refinery.teachers import predict_probs
+
+
+def test_defaults_are_the_registered_methods_settings():
+    want = {"shot": ShotSettings.paper(), "aad": AadSettings(), "nrc": NrcSettings(),
+            "decision": DecisionSettings()}
+    for name, settings in want.items():
+        config = RefineConfig(method=name)
+        assert config.method_options is None
+        assert config.options is METHOD_SPECS[name].settings and config.options == settings
+        config.validate()
+    assert RefineConfig().options is None  # adaptive has no options of its own
+    assert methods_with_options() == ["shot (ShotSettings)", "aad (AadSettings)",
+                                      "nrc (NrcSettings)", "decision (DecisionSettings)"]
+
+
+def test_text_sets_fields_of_the_methods_defaults():
+    assert method_options("decision", []) is None
+    assert method_options("decision", ["sample_budget=20000", "max-epochs=3"]) == \
+        DecisionSettings(sample_budget=20_000, max_epochs=3)
+    # shot's base is its registered recipe (SHOT's paper), not ShotSettings()
+    assert method_options("shot", ["epochs=10"]) == ShotSettings.paper(epochs=10)
+    assert method_options("nrc", ["r=0.5", "k=3", "k=4"]) == NrcSettings(r=0.5, k=4)
+    assert method_options("shot", ["lr=1e-3", "optimizer=adam"]) == \
+        replace(ShotSettings.paper(), lr=1e-3, optimizer="adam")
+    assert "sample_budget" in option_keys("decision") and option_keys("adaptive") == []
+
+
+@pytest.mark.parametrize("method, given, match", [
+    ("adaptive", ["k=3"], "method adaptive takes no options"),
+    ("aad", ["q=3"], "KEY one of alpha, batch_size, beta, epochs, k, lr"),
+    ("aad", ["k"], "give KEY=VALUE"),
+    ("aad", ["k=3.5"], "k: an integer, got '3.5'"),
+    ("aad", ["lr=fast"], "lr: a number"),
+    ("nope", ["k=1"], "unknown method 'nope'"),
+])
+def test_bad_text_is_one_clear_error(method, given, match):
+    with pytest.raises(InputError, match=match):
+        method_options(method, given)
+
+
+def test_config_checks_the_options_once():
+    RefineConfig(method="aad", method_options=AadSettings(k=2)).validate()
+    with pytest.raises(InputError, match="method adaptive takes no method options"):
+        RefineConfig(method_options=AadSettings()).validate()
+    with pytest.raises(InputError, match="options of method aad are a AadSettings, got "
+                                         "NrcSettings"):
+        RefineConfig(method="aad", method_options=NrcSettings()).validate()
+    with pytest.raises(InputError, match="DECISION: batch_size must be >= 1"):
+        RefineConfig(method="decision",
+                     method_options=DecisionSettings(batch_size=0)).validate()
+    with pytest.raises(InputError, match="AaD"):  # the options' own checks
+        RefineConfig(method="aad", method_options=AadSettings(k=0)).validate()
+
+
+def test_the_method_runs_with_the_configs_options(digits_federation, tmp_path):
+    """Library and CLI: aad with k=2 and one epoch, the same labels as the adapter run by
+    hand with those settings; the run records them."""
+    torch.set_num_threads(1)
+    received, target_path = digits_federation[:2]
+    mine = AadSettings(k=2, epochs=1)
+    models = load_received(received)
+    with H5Dataset(target_path) as target:
+        average = refine(models, target, RefineConfig(method="fedavg", progress=False)).model
+        r = refine(models, target, RefineConfig(method="aad", method_options=mine, seed=1,
+                                                progress=False))
+        by_hand = aad_adapt(copy.deepcopy(average), target, mine, 1, "cpu")
+        np.testing.assert_allclose(r.probs, predict_probs(by_hand, target), atol=1e-6)
+    assert any(line.startswith(f"aad: {mine}") for line in r.notes)
+    assert r.to_dict()["config"]["method_options"] == asdict(mine)
+    labels = tmp_path / "labels.h5"
+    res = CliRunner().invoke(cli, ["refine", str(received), "--data", str(target_path),
+                                   "--labels", str(labels), "--method", "aad", "--seed", "1",
+                                   "--option", "k=2", "--option", "epochs=1", "--json"],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert np.array_equal(read_labels(labels).labels, r.probs.argmax(1))
+    assert any(line.startswith(f"aad: {mine}") for line in json.loads(res.stdout)["notes"])
+    with h5py.File(labels) as f:  # the labels file records the settings the run used
+        assert json.loads(f.attrs["config"])["method_options"] == asdict(mine)
+    bad = CliRunner().invoke(cli, ["refine", str(received), "--data", str(target_path),
+                                   "--option", "k=2"])
+    assert bad.exit_code == 2 and "method adaptive takes no options" in bad.output
