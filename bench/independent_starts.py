@@ -4,15 +4,21 @@ ensemble, the best party and the parameter average, on one received set trained 
     OMP_NUM_THREADS=1 python bench/independent_starts.py mnist5k 5 0.5 5 0 [shared|indep] [ARCH]
 
 (dataset, parties, Dirichlet α, local epochs, seed; ARCH a built-in architecture, default
-``lenet``; ``lenet_shot`` is a CNN with BatchNorm). K parties train on their Dirichlet
+``lenet``; ``lenet_shot`` is a CNN with BatchNorm; or a user's ``module:factory``, e.g.
+``bench.models.mynet:make``, run from the repository root). K parties train on their Dirichlet
 shards (``mrtf.federated.local_train``, batch 32), each from its own random start (seed
 1000·SEED + 100 + k), or all from one with ``shared``; then ``refine`` with the default config.
+A user's model goes the way a user's file does: ``torch.save(model.state_dict())`` and a
+``.json`` sidecar per party, read back by ``load_received(..., trusted_archs=[ARCH])`` (what
+``mrtf refine --trust-arch ARCH`` does).
 Numbers: docs/benchmarks/takeover.md.
 """
 
 from __future__ import annotations
 
+import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,7 +27,7 @@ import torch
 from mrtf.averaging import average_received
 from mrtf.federated import local_train
 from mrtf.federated.runner import RunConfig, prepare_run
-from mrtf.io.bundles import BundleMeta, ReceivedModel, ReceivedSet
+from mrtf.io.bundles import BundleMeta, ReceivedModel, ReceivedSet, load_received
 from mrtf.io.hdf5 import ArraySource
 from mrtf.models import build_model
 from mrtf.refinery import RefineConfig, accuracy_of, refine
@@ -45,7 +51,22 @@ def parties(ds: str, k: int, alpha: str, epochs: int, seed: int, shared: bool,
                           arch_kwargs=fed.arch_kwargs, party=f"p{i}", n_samples=len(idx),
                           train_loss=res.train_loss, round=0)
         models.append(ReceivedModel(Path(f"p{i}.safetensors"), meta, res.model.state_dict()))
+    if ":" in arch:
+        return as_user_files(models, arch), fed
     return ReceivedSet(models, []), fed
+
+
+def as_user_files(models: list[ReceivedModel], arch: str) -> ReceivedSet:
+    """The parties' models as a user's parties send them (a plain state_dict ``.pt`` and a
+    sidecar each), loaded back through the received-file path with ``arch`` trusted."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for m in models:
+            torch.save(m.state_dict, Path(tmp) / f"{m.meta.party}.pt")
+            sidecar = {"mrtf.arch": arch, "mrtf.num_classes": m.meta.num_classes,
+                       "mrtf.party": m.meta.party, "mrtf.n_samples": m.meta.n_samples,
+                       "mrtf.train_loss": m.meta.train_loss}
+            (Path(tmp) / f"{m.meta.party}.json").write_text(json.dumps(sidecar))
+        return load_received(tmp, trusted_archs=[arch])
 
 
 def main() -> None:
