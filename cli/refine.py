@@ -146,6 +146,7 @@ class CliReporter(Reporter):
     def __init__(self, out: Out) -> None:
         self.out = out
         self.accuracy: dict[str, float] = {}
+        self.said: list[str] = []  # the plan's lines: the account does not repeat them
 
     def say(self, line: str) -> None:
         self.out.say(line)
@@ -154,13 +155,14 @@ class CliReporter(Reporter):
         self.out.warn(line)
 
     def planned(self, preview: RefinePreview) -> None:
-        say_plan(preview, self.out)
+        self.said += say_plan(preview, self.out)
 
     def chosen(self, line: str) -> None:
-        self.out.say(f"plan: {line}")
+        self.said.append(f"plan: {line}")
+        self.out.say(self.said[-1])
 
     def refined(self, files: RefinedFiles) -> None:
-        say_account(files.result, self.out)
+        say_account(files.result, self.out, self.said)
         say_selection(files.selection, files.result.calibration.confidence, self.out)
         self.accuracy = scores(files.result, files.truth, files.own_student, files.selection,
                                self.out)

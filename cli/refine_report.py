@@ -12,41 +12,37 @@ import numpy as np
 
 from mrtf.cli.common import Out, table
 from mrtf.refinery import RefineResult, accuracy_of
-from mrtf.trust.reliability import PartyReliability, ReliabilityReport
 from mrtf.trust.selective import Selection
 
 
-def say_account(result: RefineResult, out: Out) -> None:
-    """The refinery's notes, the parties' reliability, each source's trust, the adaptive
-    method's choices (class prior, distil-or-adapt, neighbour vote) and the calibration."""
+def say_account(result: RefineResult, out: Out, said: Sequence[str] = ()) -> None:
+    """The refinery's notes, each source's trust, the adaptive method's choices (class prior,
+    distil-or-adapt, neighbour vote) and the calibration. ``said``: the plan's lines, printed
+    before the work (cli/plan.py: the reliability table, the verdicts, the basin, the vote-or-
+    adapt choice); a line of the account they already hold is not said again."""
+    plan = [line.removeprefix("plan: ").removeprefix("trust: ") for line in said]
+
+    def say_new(line: str, prefix: str = "") -> None:
+        if not any(line in p or line.removeprefix("party ") == p for p in plan):
+            out.say(prefix + line)
+
     for note in result.notes:
-        out.say(f"note: {note}")
-    if result.parties is not None:
-        say_reliability(result.parties.parties, out)
+        say_new(note, "note: ")
     if result.consensus is not None:
         for line in result.consensus.trust:
             out.say(f"source {line}")
         if result.consensus.class_prior is not None:  # the class prior, and why
             out.say(result.consensus.class_prior.line)
     if result.novelty is not None:  # the adaptive method's choice: distil the vote or adapt
-        out.say(result.novelty.line())
+        say_new(result.novelty.line())
     if result.branch is not None:  # ... and which branch ran, and why
-        out.say(result.branch.line())
+        say_new(result.branch.line())
     if result.neighbour_vote is not None:
         out.say(result.neighbour_vote.line())
     cal = result.calibration
     out.say(cal.line())
     for note in cal.notes:
         out.say(f"note: {note}")
-
-
-def say_reliability(parties: Sequence[PartyReliability], out: Out) -> None:
-    """The per-party table and verdicts (mrtf.trust.reliability), as ``inspect --data``."""
-    report = ReliabilityReport(list(parties), [])
-    out.say(table(report.rows(), report.HEADER))
-    flagged = report.flagged
-    out.say(f"{len(flagged)} parties flagged: " + (
-        ", ".join(f"{p.name} ({p.verdict})" for p in flagged) if flagged else "none"))
 
 
 def say_selection(selection: Selection | None, confidence: np.ndarray, out: Out) -> None:

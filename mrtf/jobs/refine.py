@@ -91,8 +91,11 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, outs: Outputs, job: Re
     cal = result.calibration
     selection = select(cal.confidence, job.min_confidence, job.coverage)
     # the model distillation starts from: the parameter average, or the given student
-    # (heterogeneous parties have no average), named as what it is in text and JSON
-    own = result.heterogeneous or student is not None
+    # (heterogeneous parties, and parties of their own starts, have no average: the latter
+    # start from the best party), named as what it is in text and JSON
+    basin = None if result.parties is None else result.parties.basin
+    own = result.heterogeneous or student is not None or \
+        (basin is not None and not basin.average_used)
     config = result.run_config()
     # every output is written to its temporary file first, then they are renamed together
     labels = LabelSet.from_probs(

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mrtf.refinery.state import RefineState
+from mrtf.trust.reliability import PartyReliability
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,8 @@ class RefinePreview:
     verdicts : one line per checked party (mrtf.trust.reliability), [] with the checks off.
     flagged : the checked parties not trusted, as ``name (verdict)``.
     notes : what the refinement says about its inputs (the same notes its result carries).
+    parties : what the checks measured of each party (the reliability table), [] with the
+        checks off.
     """
 
     method: str
@@ -34,6 +37,7 @@ class RefinePreview:
     verdicts: list[str] = field(default_factory=list)
     flagged: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    parties: list[PartyReliability] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         """The plan as the lines ``refine`` and ``inspect --data`` print."""
@@ -75,7 +79,7 @@ def preview_of(state: RefineState) -> RefinePreview:
         None if trusted is None else trusted.basin_line,
         [] if report is None else [p.line() for p in report.parties],
         [] if report is None else [f"{p.name} ({p.verdict})" for p in report.flagged],
-        list(state.notes))
+        list(state.notes), [] if report is None else list(report.parties))
 
 
 def _teacher_name(plan, teacher) -> str:

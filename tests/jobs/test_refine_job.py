@@ -127,6 +127,13 @@ def test_cli_plan_comes_before_the_account(digits_federation, tmp_path):
     text = res.stdout
     assert text.index("plan: target novelty") < text.index("source client-") < \
         text.index("accuracy on --data y") < text.index("wrote labels")
+    # the reliability table, the verdicts, the basin and the vote-or-adapt choice are said
+    # once, before the work; the account after the run does not repeat them
+    lines = text.splitlines()
+    header = [i for i, ln in enumerate(lines) if ln.startswith("party ") and "verdict" in ln]
+    assert len(header) == 1 and header[0] < lines.index(plan_lines(text)[0])
+    assert text.count("parties flagged") == 1 and text.count("parties share a basin") == 1
+    assert text.count("target novelty: ") == 1 and text.count("vote or adapt: ") == 1
 
 
 def test_pilot_party_job_is_the_command_it_records(tmp_path, monkeypatch):

@@ -13,11 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from click.testing import CliRunner
 
+from mrtf.cli.main import cli
 from mrtf.federated import local_train
 from mrtf.federated.runner import RunConfig, prepare_run
-from mrtf.io.bundles import BundleMeta, ReceivedModel, ReceivedSet
-from mrtf.io.hdf5 import ArraySource
+from mrtf.io.bundles import BundleMeta, ReceivedModel, ReceivedSet, save_bundle
+from mrtf.io.hdf5 import ArraySource, write_dataset
 from mrtf.models import build_model
 from mrtf.refinery import RefineConfig, accuracy_of, refine
 from mrtf.refinery.assess import assess_received
@@ -120,6 +122,22 @@ def test_independent_parties_are_not_attackers_and_not_averaged(independent):
     # inspect --data says the same, and flags no one
     report = assess_received(rs, src)
     assert report.flagged == [] and "no parameter average" in report.notes[0]
+
+
+def test_cli_names_the_start_of_independent_parties(independent, tmp_path):
+    """``refine``'s scores name what distillation started from: the best party (no parameter
+    average was formed), not "averaged model"."""
+    rs, src, y = independent
+    for m in rs.models:
+        save_bundle(tmp_path / "received" / f"{m.meta.party}.safetensors", m.state_dict,
+                    m.meta)
+    write_dataset(tmp_path / "target.h5", src.read(0, len(src)), y)
+    res = CliRunner().invoke(cli, ["refine", str(tmp_path / "received"), "--data",
+                                   str(tmp_path / "target.h5"), "--labels",
+                                   str(tmp_path / "l.h5"), "--steps", "5"])
+    assert res.exit_code == 0, res.output
+    rows = [ln.split("  ")[0] for ln in res.stdout.splitlines()]
+    assert "student before refinement" in rows and "averaged model" not in rows
 
 
 def test_shared_start_is_averaged_and_nobody_flagged(shared):
