@@ -24,7 +24,7 @@ from mrtf.refinery import (
     teacher_logits,
 )
 from mrtf.refinery.distill import DistillRun, distill
-from mrtf.refinery.fit import adapt_settings
+from mrtf.refinery.fit import adapt_settings, settle_rounds
 from mrtf.refinery.neighbour_vote import final_probs
 from mrtf.refinery.pipeline import predict_probs
 from mrtf.refinery.shot import shot_adapt
@@ -188,9 +188,11 @@ def test_adaptive_adapts_the_average_when_the_target_is_new_to_the_parties(demo)
     avg = refine(new, ArraySource(x), _cfg(method="fedavg")).model
     shot = shot_adapt(copy.deepcopy(avg), ArraySource(x), adapt_settings(avg, _cfg()), seed=0)
     cfg = _cfg(trust=False)
-    voted, _ = final_probs(shot, ArraySource(x), cfg.vote_k, 256)
-    settled = distill(copy.deepcopy(shot), ArraySource(x), voted.astype(np.float32),
-                      DistillRun(15, 32, None, 1000, "paper", cfg.jitter), "cpu")
+    settled = copy.deepcopy(shot)
+    for i in range(settle_rounds(shot)):  # each round distils to the last round's model's own vote
+        voted, _ = final_probs(settled, ArraySource(x), cfg.vote_k, 256)
+        settled = distill(settled, ArraySource(x), voted.astype(np.float32),
+                          DistillRun(15, 32, None, 1000 * (i + 1), "paper", cfg.jitter), "cpu")
     # the refined model is SHOT's, distilled to its own vote (its labels are its vote again)
     refined = predict_probs(r.model, ArraySource(x), 256)
     np.testing.assert_allclose(refined, predict_probs(settled, ArraySource(x), 256), atol=1e-6)
