@@ -283,7 +283,8 @@ def source_report(final: Consensus, names: Sequence[str], weights: Sequence[floa
         acc = final.estimated_accuracy(j)
         sources.append(SourceTrust(name, weights[j], acc, _verdict(acc, num_classes)))
     reason = (f"the models' consensus is {confidence:.3f} sure (mean max posterior), so "
-              f"clusters of the averaged model's features count {lam:.2f}× a model")
+              f"clusters of the student's own features (θ_{{t+1}}, or the party it starts "
+              f"from) count {lam:.2f}× a model")
     if clustered:
         sources.append(SourceTrust("clusters", round(lam, 3), None, reason))
     return sources
