@@ -43,7 +43,7 @@ def local_signals(state) -> Signals | None:
         return None
     signals = Signals.from_logits(state.logits.view, state.before, state.before,
                                   state.storage.signals_block, k)
-    signals.neighbours = target_neighbours(state.source)
+    signals.neighbours = target_neighbours(state.source, device=state.dev)
     return signals
 
 
