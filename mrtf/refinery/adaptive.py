@@ -42,7 +42,8 @@ import torch
 
 from mrtf.compute.backend import choose_backend
 from mrtf.refinery.cluster import kmeans_assign
-from mrtf.refinery.consensus import Consensus, em
+from mrtf.refinery.consensus import Consensus
+from mrtf.refinery.consensus_torch import em_on
 from mrtf.refinery.debias import (
     DEBIAS_SCALE,
     debias,
@@ -247,16 +248,18 @@ class Clusters:
         return self._made
 
 
-def measured_consensus(votes, nl: int, weights: list[float]) -> Consensus:
+def measured_consensus(votes, nl: int, weights: list[float],
+                       device: str | torch.device | None = None) -> Consensus:
     """Dawid-Skene from the sources' AvgProb (Eq. 7). EM can drift to its uninformative fixed
     point (every confusion row alike, posterior = prior) when the votes are flat; a consensus
     less sure than the AvgProb it started from is that case, and the AvgProb is kept. (On the
     24 received sets of the label-quality grid EM always ended surer than it started. Starting
     from several points and keeping the likeliest consensus was worse there: 0.606 against
     0.627 mean target accuracy; the votes are not independent given the class, as the model
-    assumes, so its likelihood is a poor judge.)"""
+    assumes, so its likelihood is a poor judge.) EM runs on ``device`` (consensus_torch.py;
+    numpy on the CPU)."""
     post, bar = votes.start(nl)
-    out = em(votes.votes(), post, weights)
+    out = em_on(votes.votes(), post, weights, device)
     if out.mean_max_posterior >= bar:
         return out
     return votes.fallback(out.log_likelihood)
@@ -269,12 +272,13 @@ def _one_prior(store, stats: SourceStats, inputs: ConsensusInputs, live: list[in
     strength = strength_of_counts(stats.counts, live) if class_prior == "uniform" else 0.0
     votes = store.model_votes(live, strength, stats)
     nl, w_models = model_weights(live, store.sources, inputs.num_local, inputs.source_weights)
-    models = measured_consensus(votes, nl, w_models)
+    models = measured_consensus(votes, nl, w_models, inputs.device)
     conf = models.mean_max_posterior
     lam = cluster_weight(conf) if clusters.usable else 0.0
     final = models
     if lam > 0:
-        final = measured_consensus(votes.with_clusters(*clusters.get()), nl, w_models + [lam])
+        final = measured_consensus(votes.with_clusters(*clusters.get()), nl, w_models + [lam],
+                                   inputs.device)
     sources = source_report(final, [inputs.names[i] for i in live], w_models, store.classes,
                             conf, lam, clusters.features is not None)
     return AdaptiveTargets(final.posterior.astype(np.float32), sources + dead, conf, lam, final,

@@ -2,10 +2,11 @@
 
 CUDA's presence is faked: ``torch.cuda.is_available`` says True, picking CUDA sets nothing
 process-wide (``reproducible_cuda`` stubbed), faiss-gpu is absent, and every torch-on-device
-entry point (CLR, the k-means view, the target neighbourhoods) raises instead of running, so
-no CUDA call can happen. With the refine's device "cpu" each call site must take the CPU
-path; given the device "cuda" (or nothing: CUDA when present) the same call reaches the
-device, which shows the fake is seen."""
+entry point (CLR, the k-means view, the target neighbourhoods, the consensus' EM, the
+calibration's temperature fit) raises instead of running, so no CUDA call can happen. With
+the refine's device "cpu" each call site must take the CPU path; given the device "cuda"
+(or nothing: CUDA when present) the same call reaches the device, which shows the fake is
+seen."""
 
 from types import SimpleNamespace
 
@@ -17,14 +18,16 @@ from sklearn.datasets import load_digits
 import mrtf.compute.backend as bk
 import mrtf.device
 import mrtf.refinery.cluster_torch as ct
+import mrtf.refinery.consensus_torch as cth
+import mrtf.trust.calibration as cal
 import mrtf.trust.neighbours as tn
 from mrtf.compute.backend import Backend
 from mrtf.io.hdf5 import ArraySource
-from mrtf.refinery.adaptive import ConsensusInputs, adaptive_targets, consensus_targets
+from mrtf.refinery.adaptive import ConsensusInputs, consensus_targets
 from mrtf.refinery.cluster import prototype_targets
 from mrtf.refinery.methods.mrtf import MrTF
 from mrtf.refinery.methods.st_rd import STRD
-from mrtf.refinery.trusted import local_signals
+from mrtf.refinery.trusted import calibrated, local_signals
 from mrtf.refinery.votes import MemoryProbs, SourceStats
 
 CUDA = torch.device("cuda")
@@ -46,6 +49,8 @@ def cuda_present(monkeypatch):
     for name in ("prototype_targets", "kmeans_centroids", "assign_nearest"):
         monkeypatch.setattr(ct, name, _refuse)
     monkeypatch.setattr(tn, "_device_neighbours", _refuse)
+    monkeypatch.setattr(cth, "em_torch", _refuse)
+    monkeypatch.setattr(cal, "temperature_torch", _refuse)
     assert bk.choose_backend(None) == Backend("torch", CUDA)  # the fake is seen
 
 
@@ -91,9 +96,7 @@ def test_the_kmeans_view_follows_the_refine_device(cuda_present, digits):
     feats, _, probs = digits
     flat = (probs * 0.1 + 0.09).astype(np.float32)  # unsure sources: the clusters count
     out = _consensus(flat, feats, "cpu")
-    assert out.cluster_weight > 0
-    want = adaptive_targets(flat, ["a", "b", "c"], flat[-1], None, 0, 1, "learned")
-    assert want.cluster_weight == 0  # (without features there is no cluster view)
+    assert out.cluster_weight > 0 and out.sources[-1].name == "clusters"
     with pytest.raises(MovedToDevice):
         _consensus(flat, feats, "cuda")
     with pytest.raises(MovedToDevice):
@@ -115,3 +118,29 @@ def test_target_neighbourhoods_follow_the_refine_device(cuda_present, digits):
                                   tn.target_neighbours(ArraySource(x), device="cpu"))
     with pytest.raises(MovedToDevice):
         local_signals(_signals_state(x, probs, CUDA))
+
+
+@pytest.fixture(scope="module")
+def numpy_consensus(digits):
+    """The consensus of the three sources (no cluster view) on the CPU, CUDA not faked."""
+    return _consensus(digits[2], None, "cpu")
+
+
+def test_the_consensus_em_follows_the_refine_device(numpy_consensus, cuda_present, digits):
+    """No cluster view (no features): only the EM could move."""
+    _, _, probs = digits
+    out = _consensus(probs, None, "cpu")
+    assert out.consensus.iterations > 1
+    np.testing.assert_array_equal(out.targets, numpy_consensus.targets)
+    with pytest.raises(MovedToDevice):
+        _consensus(probs, None, "cuda")
+
+
+def test_the_calibration_follows_the_refine_device(cuda_present, digits):
+    feats, _, probs = digits
+    x = feats.reshape(-1, 1, 8, 8) / 16.0
+    signals = local_signals(_signals_state(x, probs, torch.device("cpu")))
+    got, _ = calibrated(probs[0], probs[-1], signals, None, torch.device("cpu"))
+    assert got.temperature == cal.temperature_for(probs[0], got.estimated_accuracy)
+    with pytest.raises(MovedToDevice):
+        calibrated(probs[0], probs[-1], signals, None, CUDA)
