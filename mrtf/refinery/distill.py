@@ -20,7 +20,6 @@ from torch import nn
 
 from mrtf.device import pick_device
 from mrtf.errors import FusionError
-from mrtf.io.read_ahead import source_chunks
 from mrtf.models import has_batchnorm
 from mrtf.refinery.augment import Jitter, applies, jitter
 from mrtf.refinery.placement import kept_home
@@ -78,7 +77,7 @@ def gather_rows(source, rows: np.ndarray, chunk: int = 8192) -> np.ndarray:
     the steps will use costs one read of the file, and memory for at most steps × batch rows.
     """
     out = np.empty((len(rows), *source.sample_shape), dtype=np.float32)
-    for start, x in source_chunks(source, chunk):
+    for start, x in source.chunks(chunk):
         lo, hi = np.searchsorted(rows, [start, start + len(x)])
         out[lo:hi] = x[rows[lo:hi] - start]
     return out

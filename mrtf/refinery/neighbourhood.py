@@ -144,7 +144,7 @@ def fill_banks(model: nn.Module, source, features: _Features, dev: torch.device)
     model.eval()
     m = len(source)
     banks: Banks | None = None
-    for start, x in source_chunks(source, _CHUNK):  # the next chunk read during the forward
+    for start, x in source_chunks(source, _CHUNK, dev):  # on CUDA: the next chunk read meanwhile
         p = F.softmax(model(torch.from_numpy(np.ascontiguousarray(x)).to(dev)).float(), 1)
         h = features.take().float()
         if not (torch.isfinite(p).all() and torch.isfinite(h).all()):

@@ -1,17 +1,22 @@
 """mrtf.io.read_ahead: the same chunks as the plain loop, bit for bit, from a real HDF5 file;
 the reader thread bounded to one chunk ahead and gone after a full pass, an early exit, the
-caller's exception or a failed read."""
+caller's exception or a failed read. Reading ahead is for compute on CUDA: the device named
+here is "cuda" (a name only: nothing here touches CUDA)."""
 
 import threading
 import time
 
 import numpy as np
 import pytest
+import torch
 from sklearn.datasets import load_digits
 
+import mrtf.trust.neighbours as tn
+from mrtf.compute.backend import Backend
 from mrtf.io.hdf5 import ArraySource, H5Dataset, RowSubset, write_dataset
 from mrtf.io.read_ahead import plain_chunks, read_ahead, source_chunks
-from mrtf.trust.neighbours import target_neighbours
+
+AHEAD = "cuda"
 
 
 def _readers() -> list[threading.Thread]:
@@ -31,35 +36,47 @@ def test_the_same_chunks_as_the_plain_loop(digits_file):
     with H5Dataset(digits_file) as ds:
         want = list(ds.chunks(100))
         seen = []
-        for i, (start, x) in enumerate(source_chunks(ds, 100)):
+        for i, (start, x) in enumerate(source_chunks(ds, 100, AHEAD)):
             seen.append(len(_readers()))
             assert start == want[i][0]
             np.testing.assert_array_equal(x, want[i][1])
         assert len(seen) == len(want) == 18 and seen[0] == 1  # read ahead by one thread
         sub = RowSubset(ds, np.arange(3, 1797, 7))
         assert sub.reads_from_disk
-        for (s, a), (t, b) in zip(source_chunks(sub, 50), sub.chunks(50), strict=True):
+        for (s, a), (t, b) in zip(source_chunks(sub, 50, AHEAD), sub.chunks(50), strict=True):
             assert s == t
             np.testing.assert_array_equal(a, b)
     assert _readers() == []
 
 
-def test_in_memory_and_single_chunk_sources_are_read_plainly(digits_file):
+def test_cpu_compute_in_memory_and_single_chunk_sources_are_read_plainly(digits_file):
     x = load_digits().images[:, None].astype(np.float32)
-    chunks = source_chunks(ArraySource(x), 100)
+    chunks = source_chunks(ArraySource(x), 100, AHEAD)
     next(chunks)
     assert _readers() == []
     with H5Dataset(digits_file) as ds:
-        only = source_chunks(ds, 5000)
-        next(only)
-        assert _readers() == []
+        for plain in (source_chunks(ds, 5000, AHEAD), source_chunks(ds, 100),
+                      source_chunks(ds, 100, torch.device("cpu"))):
+            next(plain)
+            assert _readers() == []
 
 
-def test_target_neighbourhoods_from_the_file_equal_those_in_memory(digits_file):
-    """The refinery's read-ahead caller, from disk (read ahead) and from memory (plain)."""
+def test_target_neighbourhoods_read_ahead_equal_those_in_memory(digits_file, monkeypatch):
+    """A refinery caller, its device path (torch on the CPU here) reading the file ahead as
+    it would for CUDA, against the same rows in memory (read plainly)."""
     with H5Dataset(digits_file) as ds:
-        from_disk = target_neighbours(ds, k=5, block=256)
-        in_memory = target_neighbours(ArraySource(ds.read()), k=5, block=256)
+        in_memory = tn.target_neighbours(ArraySource(ds.read()), k=5, block=256, device="cpu")
+        monkeypatch.setattr(tn, "choose_backend",
+                            lambda device=None: Backend("torch", torch.device("cpu")))
+        threads = []
+
+        def ahead(source, size, device="cpu"):
+            for item in source_chunks(source, size, AHEAD):
+                threads.append(len(_readers()))
+                yield item
+        monkeypatch.setattr(tn, "source_chunks", ahead)
+        from_disk = tn.target_neighbours(ds, k=5, block=256)
+    assert threads == [1] * 8  # every block came through the reader thread
     np.testing.assert_array_equal(from_disk, in_memory)
 
 
@@ -70,14 +87,14 @@ def _first_of(items):
 
 def test_the_reader_stops_on_early_exit(digits_file):
     with H5Dataset(digits_file) as ds:
-        assert _first_of(source_chunks(ds, 100))[0] == 0  # return from inside the loop
+        assert _first_of(source_chunks(ds, 100, AHEAD))[0] == 0  # return from inside the loop
         assert _readers() == []
-        gen = source_chunks(ds, 100)
+        gen = source_chunks(ds, 100, AHEAD)
         next(gen)
         gen.close()
         assert _readers() == []
         with pytest.raises(KeyError):
-            for _start, _x in source_chunks(ds, 100):
+            for _start, _x in source_chunks(ds, 100, AHEAD):
                 raise KeyError("the caller fails")
         assert _readers() == []
 
@@ -103,7 +120,7 @@ class _Counting:
 def test_a_failed_read_is_raised_in_order():
     got = []
     with pytest.raises(OSError, match="corrupt chunk"):
-        for start, _x in source_chunks(_Counting(100, fail_at=35), 10):
+        for start, _x in source_chunks(_Counting(100, fail_at=35), 10, AHEAD):
             got.append(start)
     assert got == [0, 10, 20] and _readers() == []
 
@@ -112,7 +129,7 @@ def test_at_most_one_chunk_ahead():
     """After the caller took chunk i, the reader has read at most chunks i + 1 (queued) and
     i + 2 (waiting to be queued)."""
     source = _Counting(200)
-    for i, _ in enumerate(source_chunks(source, 10)):
+    for i, _ in enumerate(source_chunks(source, 10, AHEAD)):
         time.sleep(0.01)  # a slow caller: the reader fills what it may
         assert source.reads <= i + 3
     assert source.reads == 20 and _readers() == []
