@@ -13,11 +13,11 @@ in order); it never outlives the iterator by more than one chunk's read.
 :func:`source_chunks` reads ahead only where it can help: a source read from disk
 (``reads_from_disk``, an HDF5 file) with more than one chunk, for compute on a device other
 than the CPU (CUDA), where the host thread waits on the device while the reader reads. For
-compute on the CPU it reads plainly: on the 2-core development machine (load ~6) reading
-ahead made the target neighbourhoods of MNIST's 60,000 images *slower*, median 1.86 s
-against 1.60 s from a gzip-compressed file and 1.06 s against 1.00 s from an uncompressed
-one (bench/read_ahead.py, docs/benchmarks/read_ahead.md): the reader and the compute
-compete for the same cores and h5py holds the GIL while it reads.
+compute on the CPU it reads plainly: on the shared 2-core development machine (load ~5.5)
+reading ahead made the target neighbourhoods of MNIST's 60,000 images slower from a
+gzip-compressed file (median 1.86 / 2.13 s against 1.60 / 1.79 s in two runs) and no faster
+from an uncompressed one (1.06 / 1.04 s against 1.00 / 1.06 s; bench/read_ahead.py,
+docs/benchmarks/read_ahead.md): the reader and the compute compete for the same cores.
 """
 
 from __future__ import annotations
