@@ -60,6 +60,8 @@ class H5Dataset:
     path : file with ``x`` of shape (M, ...) float32 or uint8, optional ``y`` (M,) int, ``ids``.
     """
 
+    reads_from_disk = True  # chunked loops read it ahead (mrtf.io.read_ahead)
+
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
         self._file = _open(self.path)
@@ -205,6 +207,8 @@ class H5Dataset:
 class ArraySource:
     """An in-memory dataset with the same reading interface as :class:`H5Dataset`."""
 
+    reads_from_disk = False
+
     def __init__(self, x: np.ndarray, y: np.ndarray | None = None,
                  ids: np.ndarray | None = None) -> None:
         x = np.asarray(x)
@@ -256,6 +260,7 @@ class RowSubset:
                 rows[-1] >= len(source):
             raise ValueError("rows must be non-empty, strictly increasing and inside the source")
         self.source, self.rows = source, rows
+        self.reads_from_disk = bool(getattr(source, "reads_from_disk", False))
 
     def __len__(self) -> int:
         return len(self.rows)

@@ -38,9 +38,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
+from mrtf.compute.backend import choose_backend
 from mrtf.refinery.cluster import kmeans_assign
-from mrtf.refinery.consensus import Consensus, em
+from mrtf.refinery.consensus import Consensus
+from mrtf.refinery.consensus_torch import em_on
 from mrtf.refinery.debias import (
     DEBIAS_SCALE,
     debias,
@@ -132,7 +135,9 @@ class ConsensusInputs:
     :func:`adaptive_targets`. source_weights: optional factor per source (S,) on its
     consensus weight, e.g. 0.5 for a party mrtf.trust.reliability down-weighted (default:
     all 1). neighbours (M, k): each sample's nearest target samples in the target's own input
-    space (mrtf.trust.neighbours.target_neighbours), for class_prior "auto"."""
+    space (mrtf.trust.neighbours.target_neighbours), for class_prior "auto". device: where
+    the cluster view's k-means and the EM run (the refine's ``state.dev``; None: CUDA when
+    present); on the CPU, faiss-cpu and numpy as always."""
 
     names: Sequence[str]
     self_probs: np.ndarray
@@ -142,6 +147,7 @@ class ConsensusInputs:
     class_prior: str = "auto"
     source_weights: Sequence[float] | None = None
     neighbours: np.ndarray | None = None
+    device: str | torch.device | None = None
 
 
 def adaptive_targets(probs: np.ndarray, names: Sequence[str], self_probs: np.ndarray,
@@ -180,7 +186,7 @@ def consensus_targets(store, stats: SourceStats, inputs: ConsensusInputs) -> Ada
                 if i not in live]
         if not live:
             return AdaptiveTargets(np.asarray(inputs.self_probs, np.float32), dead)
-        clusters = Clusters(inputs.features, store.classes, inputs.seed)
+        clusters = Clusters(inputs.features, store.classes, inputs.seed, device=inputs.device)
         # learned first: on a spill the uniform prior rewrites the softmax in place
         return keep_one([_one_prior(store, stats, inputs, live, dead, clusters, prior)
                          for prior in priors_to_form(inputs.class_prior, inputs.neighbours)],
@@ -226,29 +232,34 @@ def model_weights(live: Sequence[int], num_sources: int, num_local: int | None,
 class Clusters:
     """The cluster view (k-means of θ_{t+1}'s features into 2C clusters), made once and only
     when asked: it does not depend on the class prior. ``get()`` gives (assignments (M,),
-    clusters n); ``make(features, k, seed)`` builds them (cluster.kmeans_assign, which reads
-    an array or a spill alike)."""
+    clusters n); ``make(features, k, seed, backend=...)`` builds them (cluster.kmeans_assign,
+    which reads an array or a spill alike) on ``device``'s backend (mrtf.compute.backend)."""
 
-    def __init__(self, features, c: int, seed: int, make: Callable = kmeans_assign) -> None:
+    def __init__(self, features, c: int, seed: int, make: Callable = kmeans_assign,
+                 device: str | torch.device | None = None) -> None:
         self.features, self.c, self.seed, self.make, self._made = features, c, seed, make, None
+        self.device = device
         self.usable = features is not None and len(features) > c
 
     def get(self):
         if self._made is None:
-            self._made = self.make(self.features, 2 * self.c, self.seed)
+            self._made = self.make(self.features, 2 * self.c, self.seed,
+                                   backend=choose_backend(self.device))
         return self._made
 
 
-def measured_consensus(votes, nl: int, weights: list[float]) -> Consensus:
+def measured_consensus(votes, nl: int, weights: list[float],
+                       device: str | torch.device | None = None) -> Consensus:
     """Dawid-Skene from the sources' AvgProb (Eq. 7). EM can drift to its uninformative fixed
     point (every confusion row alike, posterior = prior) when the votes are flat; a consensus
     less sure than the AvgProb it started from is that case, and the AvgProb is kept. (On the
     24 received sets of the label-quality grid EM always ended surer than it started. Starting
     from several points and keeping the likeliest consensus was worse there: 0.606 against
     0.627 mean target accuracy; the votes are not independent given the class, as the model
-    assumes, so its likelihood is a poor judge.)"""
+    assumes, so its likelihood is a poor judge.) EM runs on ``device`` (consensus_torch.py;
+    numpy on the CPU)."""
     post, bar = votes.start(nl)
-    out = em(votes.votes(), post, weights)
+    out = em_on(votes.votes(), post, weights, device)
     if out.mean_max_posterior >= bar:
         return out
     return votes.fallback(out.log_likelihood)
@@ -261,12 +272,13 @@ def _one_prior(store, stats: SourceStats, inputs: ConsensusInputs, live: list[in
     strength = strength_of_counts(stats.counts, live) if class_prior == "uniform" else 0.0
     votes = store.model_votes(live, strength, stats)
     nl, w_models = model_weights(live, store.sources, inputs.num_local, inputs.source_weights)
-    models = measured_consensus(votes, nl, w_models)
+    models = measured_consensus(votes, nl, w_models, inputs.device)
     conf = models.mean_max_posterior
     lam = cluster_weight(conf) if clusters.usable else 0.0
     final = models
     if lam > 0:
-        final = measured_consensus(votes.with_clusters(*clusters.get()), nl, w_models + [lam])
+        final = measured_consensus(votes.with_clusters(*clusters.get()), nl, w_models + [lam],
+                                   inputs.device)
     sources = source_report(final, [inputs.names[i] for i in live], w_models, store.classes,
                             conf, lam, clusters.features is not None)
     return AdaptiveTargets(final.posterior.astype(np.float32), sources + dead, conf, lam, final,

@@ -75,6 +75,10 @@ class Votes(Protocol):
         """Σ_x T(x, c) V_v(x, a) of one block for every view: [(C, A_v)]."""
         ...
 
+    def split(self, block: Any) -> list[np.ndarray]:
+        """A block's votes view by view, [(rows, A_v)] (consensus_torch.py moves them)."""
+        ...
+
 
 class MemoryVotes:
     """Views held whole (M, A_v) in float64: one block of all M rows; the E-step adds the
@@ -101,6 +105,9 @@ class MemoryVotes:
 
     def cross(self, t: np.ndarray, block: list[np.ndarray]) -> list[np.ndarray]:
         return [t.T @ v for v in block]
+
+    def split(self, block: list[np.ndarray]) -> list[np.ndarray]:
+        return block
 
 
 def statistics(votes: Votes, post: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:

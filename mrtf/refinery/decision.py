@@ -43,6 +43,7 @@ from tqdm import tqdm
 
 from mrtf.device import pick_device
 from mrtf.errors import FusionError, InputError
+from mrtf.io.read_ahead import source_chunks
 from mrtf.models import has_batchnorm
 from mrtf.refinery.cluster import prototypes
 from mrtf.refinery.distill import _batches, gather_rows
@@ -213,7 +214,7 @@ def _eval_pass(models: Sequence[nn.Module], alpha: np.ndarray, source, dev: torc
         try:
             logits = np.empty((m, head.out_features), np.float32)
             feats = np.empty((m, head.in_features), np.float32) if with_labels else None
-            for start, x in source.chunks(_CHUNK):
+            for start, x in source_chunks(source, _CHUNK, dev):  # CUDA: read ahead
                 z = mod(torch.from_numpy(np.ascontiguousarray(x)).to(dev)).float().cpu()
                 logits[start:start + len(z)] = z.numpy()
                 h = got.pop()

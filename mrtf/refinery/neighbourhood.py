@@ -37,6 +37,7 @@ from tqdm import tqdm
 
 from mrtf.device import pick_device
 from mrtf.errors import FusionError, InputError
+from mrtf.io.read_ahead import source_chunks
 from mrtf.refinery.distill import _batches, gather_rows
 from mrtf.schedule import anneal, shot_sgd
 
@@ -143,7 +144,7 @@ def fill_banks(model: nn.Module, source, features: _Features, dev: torch.device)
     model.eval()
     m = len(source)
     banks: Banks | None = None
-    for start, x in source.chunks(_CHUNK):
+    for start, x in source_chunks(source, _CHUNK, dev):  # on CUDA: the next chunk read meanwhile
         p = F.softmax(model(torch.from_numpy(np.ascontiguousarray(x)).to(dev)).float(), 1)
         h = features.take().float()
         if not (torch.isfinite(p).all() and torch.isfinite(h).all()):

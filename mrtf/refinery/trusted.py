@@ -43,7 +43,7 @@ def local_signals(state) -> Signals | None:
         return None
     signals = Signals.from_logits(state.logits.view, state.before, state.before,
                                   state.storage.signals_block, k)
-    signals.neighbours = target_neighbours(state.source)
+    signals.neighbours = target_neighbours(state.source, device=state.dev)
     return signals
 
 
@@ -52,20 +52,23 @@ def attach_consensus(signals: Signals | None, targets: np.ndarray) -> None:
         signals.consensus = np.asarray(targets, np.float32)
 
 
-def calibration_of(probs: np.ndarray, signals):
+def calibration_of(probs: np.ndarray, signals, device: str | torch.device = "cpu"):
     if signals is None:
         return uncalibrated(probs, why="no teachers ran (the method has none), so there are no "
                                        "signals to calibrate with")
-    return calibrate(probs, signals)
+    return calibrate(probs, signals, device=device)
 
 
 def calibrated(probs: np.ndarray, before: np.ndarray, signals,
-               consensus_view: ConsensusView | None) -> tuple[Any, AccuracyEstimate]:
+               consensus_view: ConsensusView | None, device: str | torch.device = "cpu"
+               ) -> tuple[Any, AccuracyEstimate]:
     """The labels' calibration and the label-free estimate of their accuracy both refine
     paths report (mrtf.trust.calibration), with θ_{t+1}'s before refinement and the
-    consensus' own view (optimistic where the models are weak)."""
-    cal = calibration_of(probs, signals)
-    averaged = None if signals is None else calibration_of(before, signals).estimated_accuracy
+    consensus' own view (optimistic where the models are weak); the temperature fitted on
+    ``device`` (the refine's)."""
+    cal = calibration_of(probs, signals, device)
+    averaged = None if signals is None else \
+        calibration_of(before, signals, device).estimated_accuracy
     return cal, AccuracyEstimate(cal.estimated_accuracy, cal.plus_minus, cal.method, averaged,
                                  consensus_view)
 

@@ -186,6 +186,12 @@ class BlockViews:
         out = [both[:, i:i + c] for i in range(0, both.shape[1], c)]
         return out + ([t.T @ hot] if hot is not None else [])
 
+    def split(self, block: tuple) -> list[np.ndarray]:
+        votes, hot, _ = block
+        c = self.probs.shape[2]
+        out = [votes[:, i:i + c] for i in range(0, votes.shape[1], c)]
+        return out + ([hot] if hot is not None else [])
+
     def with_clusters(self, assign: np.ndarray, n: int) -> BlockViews:
         return BlockViews(self.probs, self.live, assign, n, self.post)
 

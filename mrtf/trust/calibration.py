@@ -30,10 +30,12 @@ calibrated confidence's mean; ``label`` applies T.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from mrtf.trust.neighbours import label_consistency
 
@@ -244,13 +246,16 @@ def plus_minus(estimate: float, m: int, grid_error: float = GRID_ERROR) -> float
     return float(max(sampling, grid_error))
 
 
-def temperature_for(probs: np.ndarray, target_mean: float, block: int = 65536) -> float:
+def temperature_for(probs: np.ndarray, target_mean: float, block: int = 65536,
+                    device: str | torch.device = "cpu") -> float:
     """T such that mean_x max softmax(log p(x) / T) = target_mean (bisection on log T; the
-    mean max probability falls as T grows). Clipped to [0.05, 100]. By blocks of rows: no
-    (M, C) float64 temporaries (1M × 10: ~300 MB less at the peak)."""
+    mean max probability falls as T grows). Clipped to [0.05, 100]. On the CPU by blocks of
+    rows: no (M, C) float64 temporaries (1M × 10: ~300 MB less at the peak); on another
+    ``device`` (CUDA) :func:`temperature_torch`."""
     probs = np.asarray(probs)
-    m, c = probs.shape
-    target = float(np.clip(target_mean, 1.0 / c + 1e-6, 1 - 1e-6))
+    if torch.device(device).type != "cpu":
+        return temperature_torch(probs, target_mean, device, block)
+    m = len(probs)
 
     def mean_max(t: float) -> float:
         total = 0.0
@@ -259,6 +264,30 @@ def temperature_for(probs: np.ndarray, target_mean: float, block: int = 65536) -
             total += float(_softmax(logp / t).max(1).sum())
         return total / max(1, m)
 
+    return _bisect(mean_max, target_mean, probs.shape[1])
+
+
+def temperature_torch(probs: np.ndarray, target_mean: float, device: str | torch.device,
+                      block: int = 65536) -> float:
+    """:func:`temperature_for` in torch on ``device``: log p (clipped as on the CPU, float64)
+    moved there once, a block of rows at a time, and held (M · C · 8 bytes: 80 MB at
+    1M × 10); each of the 50 bisection steps is one softmax on the device. The same T as
+    the CPU's up to the order of the sums over M (tests/trust/test_calibration_device.py)."""
+    probs = np.asarray(probs)
+    dev = torch.device(device)
+    logp = torch.cat([torch.from_numpy(np.ascontiguousarray(probs[a:a + block])).to(dev)
+                      .double().clamp(1e-12, 1.0).log() for a in range(0, len(probs), block)])
+
+    def mean_max(t: float) -> float:
+        return float(torch.softmax(logp / t, 1).max(1).values.sum()) / max(1, len(probs))
+
+    return _bisect(mean_max, target_mean, probs.shape[1])
+
+
+def _bisect(mean_max: Callable[[float], float], target_mean: float, c: int) -> float:
+    """log T by 50 halvings of [log 0.05, log 100] (mean_max falls as T grows), for the
+    target clipped into (1/C, 1)."""
+    target = float(np.clip(target_mean, 1.0 / c + 1e-6, 1 - 1e-6))
     lo, hi = math.log(0.05), math.log(100.0)
     for _ in range(50):
         mid = (lo + hi) / 2
@@ -276,11 +305,13 @@ def apply_temperature(probs: np.ndarray, temperature: float) -> np.ndarray:
 
 
 def calibrate(probs: np.ndarray, signals: Signals,
-              coef: tuple[float, ...] | np.ndarray | None = None) -> Calibration:
+              coef: tuple[float, ...] | np.ndarray | None = None,
+              device: str | torch.device = "cpu") -> Calibration:
     """Calibrated confidence of the labels argmax(probs) from label-free ``signals``: the
     model with the target's neighbourhoods when ``signals.neighbours`` is set, else the
     fallback model (said so in the notes). ``coef`` overrides the constants (the bench's
-    leave-one-scenario-out fits)."""
+    leave-one-scenario-out fits). ``device``: where the temperature is fitted
+    (:func:`temperature_for`; the refine's device)."""
     full = signals.neighbours is not None
     w = np.asarray((COEF if full else FALLBACK_COEF) if coef is None else coef, np.float64)
     z = _logits_full(probs, signals, w) if full else \
@@ -290,7 +321,8 @@ def calibrate(probs: np.ndarray, signals: Signals,
     err = band_error(est) if full else FALLBACK_GRID_ERROR
     notes = [] if full else ["the target's neighbourhoods were not computed: the fallback "
                              f"calibrator (grid error {FALLBACK_GRID_ERROR}) was used"]
-    return Calibration(conf, est, plus_minus(est, len(conf), err), temperature_for(probs, est),
+    return Calibration(conf, est, plus_minus(est, len(conf), err),
+                       temperature_for(probs, est, device=device),
                        "grid-fitted logistic model of label-free signals"
                        + ("" if full else " (fallback, no neighbourhoods)"), notes)
 

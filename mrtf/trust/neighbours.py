@@ -24,6 +24,7 @@ import torch
 
 from mrtf.compute.backend import choose_backend
 from mrtf.compute.knn import topk_block, unit_rows
+from mrtf.io.read_ahead import source_chunks
 
 #: neighbours per sample
 K = 10
@@ -103,8 +104,8 @@ def target_neighbours(source, k: int = K, reference: int = REFERENCE, dims: int 
     if not where.on_host:
         return _device_neighbours(source, proj, zr, ref, k, block, where.device)
     out = np.empty((m, k), dtype=np.int32)  # half of int64 at 1M rows: 40 MB for k = 10
-    for s in range(0, m, block):
-        z = proj.unit(source.read(s, s + block))
+    for s, x in source_chunks(source, block):  # plain reads on the CPU (mrtf.io.read_ahead)
+        z = proj.unit(x)
         sim = z @ zr.T
         rows = np.arange(s, s + len(z))
         pos = np.minimum(np.searchsorted(ref, rows), len(ref) - 1)
@@ -122,8 +123,8 @@ def _device_neighbours(source, proj: _Projection, zr: np.ndarray, ref: np.ndarra
     mu, basis = (torch.from_numpy(a).to(device) for a in (proj.mu, proj.basis))
     ref_unit = torch.from_numpy(zr).to(device)
     out = np.empty((len(source), k), dtype=np.int32)
-    for s in range(0, len(source), block):
-        x = np.asarray(source.read(s, s + block))
+    for s, x in source_chunks(source, block, device):  # the next block read meanwhile
+        x = np.asarray(x)
         x = x.reshape(len(x), -1) if proj.cols is None else x.reshape(len(x), -1)[:, proj.cols]
         z = unit_rows((torch.from_numpy(np.ascontiguousarray(x)).to(device).double() - mu)
                       @ basis)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 
 import numpy as np
-import torch
 
+from mrtf.compute.backend import choose_backend
 from mrtf.refinery.cluster import prototype_targets
 from mrtf.refinery.methods.st_rd import STRD
 from mrtf.refinery.state import RefineState
@@ -43,9 +43,10 @@ class MrTF(STRD):
         if clr_skipped(state) or config.clr_iterations == 0:
             return targets
         t0 = time.perf_counter()
+        # on the refine's device (--device): CUDA's presence alone does not move CLR there
         refined = prototype_targets(targets, state.features, config.tau,
                                     config.clr_iterations, config.variant,
-                                    use_gpu=torch.cuda.is_available())
+                                    backend=choose_backend(state.dev))
         state.timings["clr"] = time.perf_counter() - t0
         return refined
 
