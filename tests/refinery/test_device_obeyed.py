@@ -22,7 +22,9 @@ import mrtf.refinery.consensus_torch as cth
 import mrtf.trust.calibration as cal
 import mrtf.trust.neighbours as tn
 from mrtf.compute.backend import Backend
+from mrtf.io import H5Dataset, load_received
 from mrtf.io.hdf5 import ArraySource
+from mrtf.refinery import RefineConfig, refine
 from mrtf.refinery.adaptive import ConsensusInputs, consensus_targets
 from mrtf.refinery.cluster import prototype_targets
 from mrtf.refinery.methods.mrtf import MrTF
@@ -144,3 +146,13 @@ def test_the_calibration_follows_the_refine_device(cuda_present, digits):
     assert got.temperature == cal.temperature_for(probs[0], got.estimated_accuracy)
     with pytest.raises(MovedToDevice):
         calibrated(probs[0], probs[-1], signals, None, CUDA)
+
+
+def test_the_default_refine_stays_on_the_cpu(cuda_present, digits_federation):
+    """The whole default (adaptive: its k-means view, EM, neighbourhoods, calibration) with
+    ``device="cpu"`` reaches no device entry point although CUDA looks present."""
+    received, target, _ = digits_federation
+    with H5Dataset(target) as src:
+        res = refine(load_received(received), src,
+                     RefineConfig(steps=5, seed=0, progress=False, device="cpu"))
+    assert res.probs.shape == (len(res.probs), 10) and res.consensus is not None

@@ -84,7 +84,7 @@ class Adaptive(Distilled):
             state.logits.overwrite(s, q)
         state.adaptive = consensus_targets(state.logits.source_probs(), stats, ConsensusInputs(
             plan.names, state.before, state.features, config.seed, state.num_local,
-            config.class_prior, state.factors, state.neighbours))
+            config.class_prior, state.factors, state.neighbours, state.dev))
         state.timings["clr"] = time.perf_counter() - t0
         return state.adaptive.targets
 
