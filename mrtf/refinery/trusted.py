@@ -25,7 +25,7 @@ from mrtf.refinery.result import (
 )
 from mrtf.refinery.teachers import check_finite, teacher_logits
 from mrtf.trust.basin import SHARED_COSINE, assess_basin, weight_cosine
-from mrtf.trust.calibration import Signals, calibrate, uncalibrated
+from mrtf.trust.calibration import Signals, calibrate, uncalibrated, widened_for_adapted
 from mrtf.trust.neighbours import target_neighbours
 from mrtf.trust.received import sample_note, sample_rows
 from mrtf.trust.reliability import assess
@@ -60,13 +60,17 @@ def calibration_of(probs: np.ndarray, signals, device: str | torch.device = "cpu
 
 
 def calibrated(probs: np.ndarray, before: np.ndarray, signals,
-               consensus_view: ConsensusView | None, device: str | torch.device = "cpu"
-               ) -> tuple[Any, AccuracyEstimate]:
+               consensus_view: ConsensusView | None, device: str | torch.device = "cpu",
+               adapted: bool = False) -> tuple[Any, AccuracyEstimate]:
     """The labels' calibration and the label-free estimate of their accuracy both refine
     paths report (mrtf.trust.calibration), with θ_{t+1}'s before refinement and the
     consensus' own view (optimistic where the models are weak); the temperature fitted on
-    ``device`` (the refine's)."""
+    ``device`` (the refine's). ``adapted``: the labels come from θ_{t+1} adapted to the
+    target (the adaptive default's adapt branch), whose ± is widened
+    (calibration.widened_for_adapted)."""
     cal = calibration_of(probs, signals, device)
+    if adapted and signals is not None:
+        cal = widened_for_adapted(cal, probs)
     averaged = None if signals is None else \
         calibration_of(before, signals, device).estimated_accuracy
     return cal, AccuracyEstimate(cal.estimated_accuracy, cal.plus_minus, cal.method, averaged,
