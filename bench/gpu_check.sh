@@ -6,6 +6,8 @@
 #             path (CUDA hidden from it) and on the GPU; the labels that differ, counted, with
 #             the CPU's top-2 margin at each (a near-tie is float rounding, a wide one a bug)
 #   scale     bench/scale.py --e2e --M 1000000 --K 10: wall, per-stage times, peak RSS
+#   device    the device-path tests first (their CUDA cases exist only where CUDA does): the
+#             torch EM and temperature against numpy, --device obeyed, the HDF5 read-ahead
 #   tests     the suite on CUDA (pytest-xdist workers when installed), in what is left of
 #             BUDGET (at least 60 s); the slowest tests and the failures are printed
 #   teachers  bench/gpu_teachers.py (issue 14's teacher rates; not in the default list)
@@ -34,7 +36,7 @@ export PATH="$(dirname "$(python3 -c 'import sys; print(sys.executable)')"):$PAT
 left() {  # seconds of BUDGET left, at least 1 (timeout 0 would mean no limit)
   local l=$(( BUDGET - SECONDS )); [ "$l" -lt 1 ] && l=1; echo "$l"
 }
-for stage in ${@:-env compare scale tests}; do
+for stage in ${@:-env device compare scale tests}; do
   echo "=== $stage $(date -u +%T) (${SECONDS}s of ${BUDGET}s used)"
   case $stage in
     env)
@@ -46,6 +48,10 @@ for stage in ${@:-env compare scale tests}; do
 print('k-NN / k-means backend:', choose_backend(None))"
       python3 -c "import xdist" 2>/dev/null && echo "pytest-xdist: yes" \
         || echo "pytest-xdist: no (the suite runs serially)" ;;
+    device)
+      OMP_NUM_THREADS=$THREADS timeout $(left) python3 -m pytest -q -p no:cacheprovider \
+        tests/refinery/test_consensus_torch.py tests/trust/test_calibration_device.py \
+        tests/refinery/test_device_obeyed.py tests/io/test_read_ahead.py 2>&1 | tail -15 ;;
     compare)
       OMP_NUM_THREADS=$THREADS timeout $(left) python3 bench/scale.py --compare --M 20000 \
         --K 10 --threads "$THREADS" --dir "$SCALE_DIR" 2>&1 | tail -20
