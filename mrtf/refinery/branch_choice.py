@@ -34,6 +34,11 @@ class BranchChoice:
     chosen: str
     by: str
 
+    @property
+    def adapts(self) -> bool:
+        """Whether θ_{t+1} is adapted (not the vote distilled)."""
+        return self.chosen == "adapt"
+
     def line(self) -> str:
         why = {"novelty": "the target is new to the parties (target novelty, above)",
                "one party": "one party only: its errors cannot be outvoted",

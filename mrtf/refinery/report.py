@@ -38,7 +38,7 @@ def report(state: RefineState) -> RefineResult:
     timings["predict"] = time.perf_counter() - t0
     view = None if state.adaptive is None else consensus_view(state.adaptive, probs, before)
     t0 = time.perf_counter()
-    adapted = state.branch is not None and state.branch.chosen == "adapt"
+    adapted = state.branch is not None and state.branch.adapts
     cal, accuracy = calibrated(probs, before, state.signals, view, state.dev, adapted)
     timings["calibration"] += time.perf_counter() - t0
     targets = state.targets if state.targets is not None else before

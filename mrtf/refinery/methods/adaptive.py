@@ -106,6 +106,6 @@ class Adaptive(Distilled):
         jitter."""
         assert state.targets is not None
         start = self.start_model(state)
-        if state.branch is not None and state.branch.chosen == "adapt":
+        if state.branch is not None and state.branch.adapts:
             return adapt_student(start, state.source, state.config, state.dev, state.spilled)
         return distil_student(start, state.source, state.targets, state.config, state.dev)
