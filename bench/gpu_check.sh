@@ -5,7 +5,8 @@
 #   compare   bench/scale.py --compare --M 20000 --K 10: `mrtf refine --stream on` on the CPU
 #             path (CUDA hidden from it) and on the GPU; the labels that differ, counted, with
 #             the CPU's top-2 margin at each (a near-tie is float rounding, a wide one a bug)
-#   scale     bench/scale.py --e2e --M 1000000 --K 10: wall, per-stage times, peak RSS
+#   scale     bench/scale.py --e2e --M 1000000 --K 10: wall, per-stage times, peak RSS (with
+#             PROFILE=1 the refine's cProfile: top calls in $OUT/profile.txt)
 #   device    the device-path tests first (their CUDA cases exist only where CUDA does): the
 #             torch EM and temperature against numpy, --device obeyed, the HDF5 read-ahead
 #   tests     the suite on CUDA (pytest-xdist workers when installed), in what is left of
@@ -47,19 +48,30 @@ for stage in ${@:-env device compare scale tests}; do
       python3 -c "from mrtf.compute.backend import choose_backend; \
 print('k-NN / k-means backend:', choose_backend(None))"
       python3 -c "import xdist" 2>/dev/null && echo "pytest-xdist: yes" \
-        || echo "pytest-xdist: no (the suite runs serially)" ;;
+        || echo "pytest-xdist: no (the suite runs serially)"
+      # what a refine imports, compiled to .pyc once, as an installed package's would be (a
+      # fresh image compiled torch._dynamo and sympy from source inside the first timed run)
+      python3 -c "import torch._dynamo, sympy, mrtf.cli.main, mrtf.refinery.pipeline" ;;
     device)
       OMP_NUM_THREADS=$THREADS timeout $(left) python3 -m pytest -q -p no:cacheprovider \
         tests/refinery/test_consensus_torch.py tests/trust/test_calibration_device.py \
-        tests/refinery/test_device_obeyed.py tests/io/test_read_ahead.py 2>&1 | tail -15 ;;
+        tests/refinery/test_device_obeyed.py tests/io/test_read_ahead.py \
+        tests/refinery/test_grouped.py tests/refinery/test_prefetch.py \
+        tests/refinery/test_decision.py tests/compute/test_kmeans.py 2>&1 | tail -15 ;;
     compare)
       OMP_NUM_THREADS=$THREADS timeout $(left) python3 bench/scale.py --compare --M 20000 \
         --K 10 --threads "$THREADS" --dir "$SCALE_DIR" 2>&1 | tail -20
       cp "$SCALE_DIR"/compare-M20000-K10.json "$OUT/" 2>/dev/null ;;
     scale)
-      OMP_NUM_THREADS=$THREADS timeout $(left) python3 bench/scale.py --e2e \
+      # PROFILE=1: the refine runs under cProfile (MRTF_PROFILE; it slows the run), its top
+      # calls in $OUT/profile.txt
+      prof=(); [ "${PROFILE:-0}" = 1 ] && prof=(MRTF_PROFILE="$SCALE_DIR/scale.prof")
+      env "${prof[@]}" OMP_NUM_THREADS=$THREADS timeout $(left) python3 bench/scale.py --e2e \
         --M ${SCALE_M:-1000000} --K 10 --threads "$THREADS" --dir "$SCALE_DIR" 2>&1 | tail -20
-      cp "$SCALE_DIR"/e2e-M*-K10.json "$SCALE_DIR"/scale-e2e.json "$OUT/" 2>/dev/null ;;
+      cp "$SCALE_DIR"/e2e-M*-K10.json "$SCALE_DIR"/scale-e2e.json "$OUT/" 2>/dev/null
+      [ "${PROFILE:-0}" = 1 ] && python3 -c "import pstats, sys; s = pstats.Stats('$SCALE_DIR/scale.prof', stream=sys.stdout)
+s.sort_stats('cumulative').print_stats(70); s.sort_stats('tottime').print_stats(40)" \
+        > "$OUT/profile.txt" 2>&1 && grep -E "mrtf/|tottime" "$OUT/profile.txt" | head -45 ;;
     tests)
       budget=$(left); [ "$budget" -lt 60 ] && budget=60
       workers=()

@@ -37,6 +37,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -219,8 +220,6 @@ def received_parties(root: Path, k: int) -> Path:
 def poisoned_parties(root: Path, k: int, kind: str) -> Path:
     """received_parties with the first local party's bundle poisoned (``kind`` x100 or
     flipped), written once beside it."""
-    import shutil
-
     from mrtf.io.bundles import load_bundle, model_files, save_bundle
 
     clean = received_parties(root, k)
@@ -283,7 +282,12 @@ def refine_once(parties: Path, h5: Path, out: Path, method: str, env: dict[str, 
                 ) -> tuple[dict, float]:
     """``mrtf refine --stream on`` of ``h5`` into ``out`` with ``env`` added to the child's
     environment: (its --json summary, wall seconds)."""
-    cmd = ["mrtf", "refine", str(parties), "--data", str(h5), "--labels",
+    # MRTF_PROFILE=FILE: the child runs under cProfile, its stats written to FILE (on CUDA the
+    # time of asynchronous kernels lands on the call that waits for them)
+    prof = os.environ.get("MRTF_PROFILE")
+    run = [sys.executable, "-m", "cProfile", "-o", prof, shutil.which("mrtf") or "mrtf"] \
+        if prof else ["mrtf"]
+    cmd = [*run, "refine", str(parties), "--data", str(h5), "--labels",
            str(out / "labels.h5"), "--model", str(out / "refined.safetensors"), "--method",
            method, "--stream", "on", "--force", "--json", "--quiet"]
     t0 = time.perf_counter()

@@ -61,10 +61,10 @@ def test_fast_equals_loop_on_digits(digits, teachers):
 def test_auto_on_cpu_is_fast_and_features_agree(digits, teachers):
     src = ArraySource(digits[0][:300])
     assert resolve_stack("auto", torch.device("cpu")) == "fast"
-    # on CUDA the loop (faster there than vmap, and each teacher's logits independent of its
-    # group: measured on an H100); the CPU fast paths are never taken there
-    assert resolve_stack("auto", torch.device("cuda")) == "loop"
-    assert resolve_stack("fast", torch.device("cuda")) == "loop"
+    # on CUDA grouped.py (LeNet groups as one grouped network, other groups looped); the CPU
+    # fast paths are never taken there
+    assert resolve_stack("auto", torch.device("cuda")) == "grouped"
+    assert resolve_stack("fast", torch.device("cuda")) == "grouped"
     assert resolve_stack(True, torch.device("cuda")) == "vmap"
     auto = teacher_logits(teachers[:3], src, 128, "cpu", features_of=teachers[0])
     loop = teacher_logits(teachers[:3], src, 128, "cpu", features_of=teachers[0], stack="loop")

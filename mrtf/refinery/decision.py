@@ -47,6 +47,7 @@ from mrtf.io.read_ahead import source_chunks
 from mrtf.models import has_batchnorm
 from mrtf.refinery.cluster import prototypes
 from mrtf.refinery.distill import _batches, gather_rows
+from mrtf.refinery.placement import home_device
 from mrtf.refinery.shot import _last_linear, _with_one, shot_pseudo_labels
 from mrtf.schedule import anneal, shot_sgd
 
@@ -248,6 +249,8 @@ def decision_adapt(models: Sequence[nn.Module], source, settings: DecisionSettin
     if not models:
         raise InputError("DECISION needs at least one source model")
     dev = pick_device(device)
+    # adapted in place on the device, and returned where the caller had them (placement.py)
+    homes = [home_device(mod) for mod in models]
     models = [mod.to(dev) for mod in models]
     heads = [_last_linear(mod) for mod in models]
     if len({h.out_features for h in heads}) != 1:
@@ -263,8 +266,9 @@ def decision_adapt(models: Sequence[nn.Module], source, settings: DecisionSettin
             p.requires_grad_(flag)
     alpha = torch.softmax(a.detach(), 0).cpu().numpy().astype(np.float64)
     combined, _ = _eval_pass(models, alpha, source, dev, with_labels=False)
-    return DecisionResult([mod.eval() for mod in models], alpha, _softmax(combined), epochs,
-                          steps)
+    models = [mod.eval() if home is None else mod.to(home).eval()
+              for mod, home in zip(models, homes)]
+    return DecisionResult(models, alpha, _softmax(combined), epochs, steps)
 
 
 def _train(models: list[nn.Module], a: torch.Tensor, source, cfg: DecisionSettings, seed: int,

@@ -34,13 +34,17 @@ from torch.func import functional_call, stack_module_state, vmap
 from mrtf.device import pick_device
 from mrtf.errors import InputError
 from mrtf.refinery.fastpath import PRECISIONS, fast_features, fast_forward
+from mrtf.refinery.grouped import grouped_forward
 from mrtf.refinery.placement import lent
-from mrtf.refinery.prefetch import host_chunks, prefetched
+from mrtf.refinery.prefetch import host_chunks, on_device, prefetched
 from mrtf.refinery.stacked import stacked_forward
 from mrtf.trust.selection import select
 
 STD_MODES = ("global", "batch")
-STACK_MODES = ("auto", "fast", "vmap", "nhwc", "loop")
+STACK_MODES = ("auto", "fast", "grouped", "vmap", "nhwc", "loop")
+#: rows per chunk on CUDA at least: at the CPU's 1,024 a 1M-row pass was ~1,000 chunks of
+#: small kernels and per-chunk copies (issue 36's first H100 run: teachers 13.3 s)
+CUDA_ROWS = 8192
 # LeNet groups of at least this many take stacked.py (fp32): its oneDNN engine beat fastpath.py
 # from K = 2 on (512 images, load ~3: K = 1 0.74x, 2 1.08x, 5 1.5x, 10 1.85x, 16-25 1.75x);
 # at K = 10, 2,048 images, idle: 7.91x the loop against fastpath.py's 4.85x
@@ -103,19 +107,17 @@ def _looped_forward(models: Sequence[nn.Module], channels_last: bool = False
 
 def resolve_stack(stack: str | bool, device: torch.device) -> str:
     """'auto' → 'fast' on CPU (stacked.py for ≥ 2 LeNets: 12.1x the plain loop at K = 10 and
-    8.1-12.6x at K = 50; else fastpath.py, 4.4-6.0x; bench/refine_speed.py --compare), 'loop'
-    on CUDA: on an H100 the loop at 8,192 images per forward beat the stacked vmap pass (K = 50
-    LeNets: 735 against 803 ms for 65,536 images, bench/gpu_teachers.py), and each teacher's
-    logits then do not depend on which others run beside it (the refine and streaming paths
-    group them differently). True → 'vmap', False → 'loop'."""
+    8.1-12.6x at K = 50; else fastpath.py, 4.4-6.0x; bench/refine_speed.py --compare),
+    'grouped' on CUDA (grouped.py: groups of ≥ 2 zoo LeNets as one grouped network, every
+    other group looped; the vmap pass lost to the loop on an H100, K = 50 LeNets: 803 against
+    735 ms for 65,536 images, bench/gpu_teachers.py). 'fast' on CUDA is 'grouped' too:
+    fastpath.py and stacked.py are CPU kernels. True → 'vmap', False → 'loop'."""
     if stack is True or stack is False:
         return "vmap" if stack else "loop"
     if stack not in STACK_MODES:
         raise ValueError(f"stack must be one of {STACK_MODES}, got {stack!r}")
-    if stack == "auto" or (stack == "fast" and device.type == "cuda"):
-        # fastpath.py and stacked.py are CPU kernels (stacked.py's pooling buffers are CPU
-        # tensors: it failed on CUDA in bench/gpu_teachers.py)
-        return "loop" if device.type == "cuda" else "fast"
+    if stack in ("auto", "fast"):
+        return "grouped" if device.type == "cuda" else "fast"
     return stack
 
 
@@ -138,6 +140,10 @@ def _group_forwards(models: Sequence[nn.Module], mode: str, probe: torch.Tensor,
             fast = fast_forward(group, probe, precision)
         if fast is not None:
             fwd, kind = fast, "fast"
+        grouped = grouped_forward(group, probe) if mode == "grouped" and \
+            precision == "fp32" else None
+        if grouped is not None:
+            fwd, kind = grouped, "grouped"
         if mode == "vmap" and len(group) > 1:
             try:
                 cand = _stacked_forward(group)
@@ -207,6 +213,8 @@ class TeacherChunks:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         self.dev = pick_device(device)
         self.mode = resolve_stack(stack, self.dev)
+        if self.dev.type == "cuda":  # per-sample outputs: the chunking does not change them
+            batch_size = max(batch_size, CUDA_ROWS)
         # the caller's modules are moved to the device only while iterating (placement.py)
         self.models = list(models)
         self.source, self.batch_size, self.precision = source, batch_size, precision
@@ -228,7 +236,7 @@ class TeacherChunks:
                                                          self.dev)):
                 bar.update(len(chunk))
                 with torch.inference_mode():
-                    x = chunk.to(self.dev, non_blocking=True)
+                    x = on_device(chunk, self.dev)
                     if forwards is None:
                         forwards, fused = self._forwards(x[:8])
                     parts: dict[int, np.ndarray] = {}

@@ -49,9 +49,13 @@ def reference_rows(m: int, reference: int = REFERENCE) -> np.ndarray:
 
 def read_rows(source, rows: np.ndarray) -> np.ndarray:
     """The inputs of ``rows`` (sorted reference rows, :func:`reference_rows`) of ``source``:
-    one read when they are all the rows, else one read per row."""
+    one read when they are all the rows, else the source's ``take`` (an H5Dataset reads them
+    by storage blocks: one read per row took 1.5 s for 4,096 rows of a 1M-row file), else one
+    read per row."""
     if len(rows) == len(source):
         return source.read(0, len(source))
+    if hasattr(source, "take"):
+        return np.asarray(source.take(rows), dtype=np.float32)
     return np.concatenate([source.read(int(i), int(i) + 1) for i in rows])
 
 

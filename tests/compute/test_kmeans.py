@@ -33,20 +33,24 @@ def test_the_initial_centroids_are_faiss_rows():
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_well_separated_assignments_equal_faiss(seed):
-    """12 blobs, 12 clusters: the same cluster ids for every row, the objective within 1e-5.
-    The centroids within 1e-6, or 1e-3 where faiss's early stop (an objective equal to the
-    last in float32) came at another iteration while a blob split between two centroids
-    still drifted (data seeds 2 and 3; the module docstring)."""
+    """12 blobs, 12 clusters: the objective within 1e-5; where both stop at the same
+    iteration, the same cluster ids for every row and the centroids within 1e-6. faiss's early
+    stop (an objective equal to the last in float32) can come at another iteration while a
+    blob split between two centroids still drifts (the module docstring): then the centroids
+    within 1e-3 and ≥ 99 % of the ids the same. Which seeds stop apart depends on the BLAS's
+    rounding: seeds 2 and 3 on the 2-core AMD machine, seed 1 on a 16-core GPU host."""
     x = _blobs(3000, 32, 12, 0.3, seed)
     km = _faiss(x, 12, 25, 0)
     got = spherical_kmeans(torch.from_numpy(x), 12, 25, 0)
     want = (x @ km.centroids.T).argmax(1)
-    np.testing.assert_array_equal((x @ got.centroids.numpy().T).argmax(1), want)  # same ids
+    ids = (x @ got.centroids.numpy().T).argmax(1)
     assert got.objective[-1] == pytest.approx(km.obj[-1], rel=1e-5)
-    same_stop = len(got.objective) == len(km.iteration_stats)
-    np.testing.assert_allclose(got.centroids.numpy(), km.centroids,
-                               atol=1e-6 if same_stop else 1e-3)
-    assert same_stop or seed in (2, 3)
+    if len(got.objective) == len(km.iteration_stats):
+        np.testing.assert_array_equal(ids, want)
+        np.testing.assert_allclose(got.centroids.numpy(), km.centroids, atol=1e-6)
+    else:
+        assert (ids == want).mean() >= 0.99
+        np.testing.assert_allclose(got.centroids.numpy(), km.centroids, atol=1e-3)
 
 
 def test_unstructured_data_objective_within_1e5():
