@@ -76,10 +76,11 @@ s.sort_stats('cumulative').print_stats(70); s.sort_stats('tottime').print_stats(
       budget=$(left); [ "$budget" -lt 60 ] && budget=60
       workers=()
       python3 -c "import xdist" 2>/dev/null && workers=(-n "${WORKERS:-8}" --dist loadfile)
-      # pyproject's addopts give -q: one more would drop the "N passed" line
-      timeout "$budget" python3 -m pytest -p no:cacheprovider -rfE --durations=15 \
+      # pyproject's addopts give -q; -v -v on top names every test as it ends, so a run cut
+      # at its budget still names its failures (the summary comes only at the end)
+      timeout "$budget" python3 -m pytest -p no:cacheprovider -v -v -rfE --durations=15 \
         "${workers[@]}" 2>&1 | tee "$OUT/pytest.log" \
-        | grep -E "passed|failed|error|FAILED|ERROR|^[0-9.]+s (call|setup)|%\]$" | tail -45
+        | grep -E "passed|failed|error|FAILED|ERROR|^[0-9.]+s (call|setup)" | tail -45
       echo "tests: ${PIPESTATUS[0]} (124: cut at ${budget}s)" ;;
     teachers)
       timeout $(left) python3 bench/gpu_teachers.py --K 10 50 --n 65536 \
