@@ -1,6 +1,23 @@
-"""How far the target's features are from the parties' own: BatchNorm's running statistics.
+"""How far the target's features are from the parties' own, read from their weights: every
+BatchNorm layer carries the running mean and variance of its input over the party's training
+data (its source statistics), so a model with BatchNorm says what its data looked like without
+any claim. The target's per-channel mean and variance at the same layer, beside them: the
+symmetric KL divergence between the two Gaussians (Eq. below), averaged over the channels and
+then the layers; the median over the parties (one party's weights cannot move it).
 
-Draft (the study bench/studies/feature_shift.py reads it before the rule is chosen).
+    SKL(N_s, N_t) = ½ (σ_s²/σ_t² + σ_t²/σ_s² − 2) + ½ (μ_t − μ_s)² (1/σ_s² + 1/σ_t²)
+
+The target's statistics are read with dropout on (BatchNorm reading, not updating), as the
+parties trained: a running variance collected under dropout is larger than the same data's
+variance without it (SHOT's digit network, ``lenet_shot``, drops half its conv channels before
+its BatchNorm: read without dropout, in-domain targets gave 0.09-0.43, as much as new domains).
+
+Measured (bench/studies/feature_shift.py, docs/benchmarks/novelty.md; ``lenet_shot`` parties,
+SHOT's recipe, 2,048 target rows): the parties' own source test set (in-domain) 0.003-0.117
+(0.003-0.031 for IID shards and one party, up to 0.117 for Dirichlet 0.1 shards, whose
+statistics hold a few classes each); the user CNN of bench/models/mynet.py on mnist5k
+Dirichlet shards 0.018-0.022; new domains: USPS → MNIST 0.121-0.378, MNIST → USPS 0.127-0.594,
+MNIST → MNIST-M 0.548-0.935. Models without BatchNorm give no reading (None).
 """
 
 from __future__ import annotations
@@ -17,6 +34,10 @@ from torch.nn.modules.dropout import _DropoutNd
 #: target rows read (evenly spaced over the set): a channel's mean and variance are known to a
 #: few percent from 2,048 samples, and 10 LeNets read them in about a second
 MAX_SAMPLES = 2048
+#: SKL (nats) above which the parties' features count as shifted on the target: between the
+#: in-domain readings (≤ 0.117; ≤ 0.103 where the parties agree on ≥ 0.3 of the target) and the
+#: USPS → MNIST IID parties' 0.160 (novelty.py says where it is read)
+FEATURE_SHIFT = 0.13
 
 
 def batchnorms(model: nn.Module) -> list[_BatchNorm]:
@@ -62,9 +83,10 @@ class LayerShift:
 def layer_shifts(model: nn.Module, blocks: Sequence[np.ndarray],
                  dev: torch.device | str = "cpu", outputs: list | None = None,
                  dropout_on: bool = False, seed: int = 0) -> list[LayerShift]:
-    """Each BatchNorm layer's :class:`LayerShift` over the target ``blocks`` (model in eval
-    mode, so the running statistics are read, not updated); the model's outputs are appended
-    to ``outputs`` when given."""
+    """Each BatchNorm layer's :class:`LayerShift` over the target ``blocks`` (BatchNorm in eval
+    mode: the running statistics are read, not updated; dropout on when ``dropout_on``, from
+    ``seed``, the global generator left as it was); the model's outputs are appended to
+    ``outputs`` when given. The model's modes are restored."""
     layers = batchnorms(model)
     sums: list[list] = [[0.0, 0.0, 0] for _ in layers]
 
@@ -78,14 +100,16 @@ def layer_shifts(model: nn.Module, blocks: Sequence[np.ndarray],
         return record
 
     handles = [m.register_forward_hook(hook(i)) for i, m in enumerate(layers)]
-    was_training = model.training
+    modes = {m: m.training for m in model.modules()}
     model.eval()
     if dropout_on:
         for m in model.modules():
             if isinstance(m, _DropoutNd):
                 m.train()
     try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        dev = torch.device(dev)
+        cuda = [dev.index or 0] if dev.type == "cuda" else []
+        with torch.no_grad(), torch.random.fork_rng(devices=cuda):
             torch.manual_seed(seed)
             for x in blocks:
                 out = model(torch.as_tensor(x, device=dev))
@@ -94,7 +118,8 @@ def layer_shifts(model: nn.Module, blocks: Sequence[np.ndarray],
     finally:
         for h in handles:
             h.remove()
-        model.train(was_training)
+        for m, mode in modes.items():
+            m.training = mode
     out = []
     for m, (s, ss, n) in zip(layers, sums, strict=True):
         mean = (s / n).cpu().numpy()
@@ -103,3 +128,40 @@ def layer_shifts(model: nn.Module, blocks: Sequence[np.ndarray],
                               m.running_var.detach().double().cpu().numpy(), float(m.eps)))
     return out
 
+
+@dataclass(frozen=True)
+class FeatureShift:
+    """per_party: each party's SKL (mean over its BatchNorm layers of the channels' mean);
+    shift: their median, None when some party has no BatchNorm (no reading); shifted: shift >
+    threshold."""
+
+    per_party: tuple[float | None, ...]
+    shift: float | None
+    threshold: float = FEATURE_SHIFT
+
+    @property
+    def shifted(self) -> bool:
+        return self.shift is not None and self.shift > self.threshold
+
+
+def model_shift(model: nn.Module, x: np.ndarray, dev: torch.device | str = "cpu",
+                block: int = 512) -> float | None:
+    """One model's SKL on target rows ``x`` (dropout on, seed 0); None without BatchNorm."""
+    if not batchnorms(model):
+        return None
+    layers = layer_shifts(model, [x[s:s + block] for s in range(0, len(x), block)], dev,
+                          dropout_on=True)
+    return float(np.mean([ls.symmetric_kl().mean() for ls in layers]))
+
+
+def feature_shift(models: Sequence[nn.Module], source, dev: torch.device | str = "cpu",
+                  threshold: float = FEATURE_SHIFT,
+                  max_samples: int = MAX_SAMPLES) -> FeatureShift:
+    """The parties' :class:`FeatureShift` on ``source`` (anything with ``len`` and ``take``:
+    H5Dataset, ArraySource), read on up to ``max_samples`` evenly spaced rows; no reading when
+    any model lacks BatchNorm (then none is run). y is never read."""
+    if not models or not all(batchnorms(m) for m in models):
+        return FeatureShift(tuple(None for _ in models), None, threshold)
+    x = np.asarray(source.take(sample_rows(len(source), max_samples)), dtype=np.float32)
+    per = tuple(model_shift(m, x, dev) for m in models)
+    return FeatureShift(per, float(np.median(per)), threshold)
