@@ -14,6 +14,14 @@ of the default and SHOT, so that which branch won can be read. No refine is run;
 through the cells' recorded accuracies. ``--extra DIR``: a received set ``DIR/received`` with
 ``DIR/target.h5`` (e.g. a KEEP folder of bench/independent_starts.py; pass its architecture
 with ``--trust-arch``).
+
+Columns (medians over the parties; 2,048 evenly spaced rows): gap, the loss gap; skl / z / lvr,
+the symmetric KL, standardised mean shift and log variance ratio read with dropout off (eval
+mode); d_*, the same read with dropout on as the parties trained (d_skl is what
+feature_shift.py reads); flip / tv, AdaBN's share of changed labels and total variation when
+the target's statistics replace the running ones; agree, the parties' mean pairwise label
+agreement; marg, the entropy of a party's mean prediction. Conclusions:
+docs/benchmarks/novelty.md.
 """
 
 from __future__ import annotations
