@@ -68,8 +68,9 @@ class LayerShift:
     eps: float
 
     def symmetric_kl(self) -> np.ndarray:
-        """Per channel, KL(N_s || N_t) + KL(N_t || N_s) between the two Gaussians (nats)."""
-        vs, vt = self.source_var + self.eps, self.target_var + self.eps
+        """Per channel, KL(N_s || N_t) + KL(N_t || N_s) between the two Gaussians (nats); a
+        negative running variance (the weights are untrusted) counts as 0."""
+        vs, vt = np.maximum(self.source_var, 0.0) + self.eps, self.target_var + self.eps
         d2 = (self.target_mean - self.source_mean) ** 2
         return 0.5 * (vs / vt + vt / vs - 2.0) + 0.5 * d2 * (1.0 / vs + 1.0 / vt)
 
@@ -147,12 +148,15 @@ class FeatureShift:
 
 def model_shift(model: nn.Module, x: np.ndarray, dev: torch.device | str = "cpu",
                 block: int = 512) -> float | None:
-    """One model's SKL on target rows ``x`` (dropout on, seed 0); None without BatchNorm."""
+    """One model's SKL on target rows ``x`` (dropout on, seed 0); None without BatchNorm;
+    inf where it is not a number (running statistics that are NaN describe no data: as far
+    from the target as can be, and one such party cannot move the median)."""
     if not batchnorms(model):
         return None
     layers = layer_shifts(model, [x[s:s + block] for s in range(0, len(x), block)], dev,
                           dropout_on=True)
-    return float(np.mean([ls.symmetric_kl().mean() for ls in layers]))
+    value = float(np.mean([ls.symmetric_kl().mean() for ls in layers]))
+    return value if np.isfinite(value) else float("inf")
 
 
 def feature_shift(models: Sequence[nn.Module], source, dev: torch.device | str = "cpu",

@@ -77,6 +77,16 @@ def test_median_over_parties_and_one_wild_party_cannot_flip_it():
     assert moved.shifted and moved.shift > FEATURE_SHIFT
 
 
+def test_broken_statistics_read_as_infinitely_far_and_the_median_holds():
+    parties = [_bn_net(s) for s in range(5)]
+    with torch.no_grad():
+        parties[1][2].running_var.fill_(float("nan"))  # untrusted weights: no distribution
+        parties[2][2].running_var.fill_(-1.0)
+    fs = feature_shift(parties, ArraySource(_source(seed=9)))
+    assert fs.per_party[1] == float("inf") and 1e3 < fs.per_party[2] < float("inf")
+    assert fs.shift < 0.05 and not fs.shifted
+
+
 def test_a_plain_network_gives_no_reading():
     plain = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3)).eval()
     assert batchnorms(plain) == [] and model_shift(plain, _source()) is None
