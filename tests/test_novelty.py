@@ -3,7 +3,14 @@
 import numpy as np
 import pytest
 
-from mrtf.refinery.novelty import NOVELTY_GAP, mean_entropies, target_novelty
+from mrtf.refinery.feature_shift import FEATURE_SHIFT, FeatureShift
+from mrtf.refinery.novelty import (
+    MIN_AGREEMENT,
+    NOVELTY_GAP,
+    mean_agreement,
+    mean_entropies,
+    target_novelty,
+)
 
 
 def _entropy(logits: np.ndarray) -> float:
@@ -74,3 +81,64 @@ def test_no_signal_without_reported_losses():
 def test_only_the_first_num_local_models_count():
     z = np.concatenate([_models(8.0, 3), _models(0.1, 2)])  # two unsure self-teachers after
     assert target_novelty(z, [1.0] * 3, num_local=3).target_entropy < 0.5
+
+
+SHIFTED = FeatureShift((0.5, 0.4, 0.6, 0.5, 0.5), 0.5)
+STILL = FeatureShift((0.02,) * 5, 0.02)
+NO_BN = FeatureShift((None,) * 5, None)
+
+
+def _agreeing(agree: bool, k: int = 5) -> np.ndarray:
+    """k models' logits on 300 rows: the same labels (agree) or independent ones, each model
+    equally unsure (entropy ≈ 1.7 nats)."""
+    rng = np.random.default_rng(3)
+    labels = rng.integers(0, 10, size=(1 if agree else k, 300)).repeat(k if agree else 1, 0)
+    return np.eye(10)[labels] * 1.5 + rng.normal(size=(k, 300, 10)) * 0.1
+
+
+def test_mean_agreement_pairs_and_blocks():
+    z = _agreeing(False)
+    labels = z.argmax(2)
+    want = np.mean([(labels[i] == labels[j]).mean() for i in range(5) for j in range(i + 1, 5)])
+    assert mean_agreement(z, 5) == pytest.approx(want)
+    assert mean_agreement(_Rows(z), 5, block_bytes=8 * 5 * 10 * 7) == pytest.approx(want)
+    assert mean_agreement(_agreeing(True), 5) == 1.0 and mean_agreement(z, 1) == 1.0
+
+
+def test_feature_shift_adapts_where_the_claims_say_familiar_if_the_parties_agree():
+    """Parties that claim a loss as high as their target entropy (label smoothing) but whose
+    BatchNorm statistics say the target is new: adapted, by the feature shift."""
+    z = _agreeing(True)
+    h = float(np.median(mean_entropies(z, 5)))
+    n = target_novelty(z, [h] * 5, shift=SHIFTED)
+    assert n.gap < NOVELTY_GAP and n.adapt and n.by == "feature shift"
+    assert n.feature_shift == 0.5 > FEATURE_SHIFT and n.agreement >= MIN_AGREEMENT
+    assert "feature shift 0.500" in n.line() and "adapted" in n.line()
+    assert target_novelty(z, [None] * 5, shift=SHIFTED).adapt  # no claims needed
+    assert not target_novelty(z, [h] * 5, shift=STILL).adapt
+
+
+def test_feature_shift_is_not_read_over_label_skewed_parties():
+    z = _agreeing(False)  # they agree on ~0.1 of the target
+    h = float(np.median(mean_entropies(z, 5)))
+    n = target_novelty(z, [h] * 5, shift=SHIFTED)
+    assert n.agreement < MIN_AGREEMENT and not n.adapt and n.by is None
+    assert "not read" in n.line() and "vote is distilled" in n.line()
+
+
+def test_without_a_reading_the_loss_gap_decides_as_before():
+    for z in (_models(0.5), _models(8.0), _agreeing(True)):
+        for losses in ([0.05] * 5, [5.0] * 5, [None] * 5):
+            before = target_novelty(z, losses)
+            for shift in (None, NO_BN):
+                n = target_novelty(z, losses, shift=shift)
+                assert (n.gap, n.adapt, n.line()) == (before.gap, before.adapt, before.line())
+                assert n.feature_shift is None and n.agreement is None
+    n = target_novelty(_models(0.5), [0.05] * 5, shift=STILL)  # the gap alone is enough
+    assert n.adapt and n.by == "loss gap"
+
+
+def test_to_dict_keeps_the_earlier_keys_first():
+    d = target_novelty(_agreeing(True), [0.1] * 5, shift=SHIFTED).to_dict()
+    assert list(d) == ["gap", "target_entropy", "train_loss", "adapt", "line",
+                       "feature_shift", "agreement", "by"]

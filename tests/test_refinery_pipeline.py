@@ -159,7 +159,8 @@ def test_adaptive_reports_every_source_and_a_label_free_estimate(demo):
                        "verdicts", "aggregate", "basin"]
     assert list(d["class_prior"]) == ["chosen", "agreement", "chance", "excess", "line"]
     assert d["class_prior"]["line"] == prior.line
-    assert list(d["novelty"]) == ["gap", "target_entropy", "train_loss", "adapt", "line"]
+    assert list(d["novelty"]) == ["gap", "target_entropy", "train_loss", "adapt", "line",
+                                  "feature_shift", "agreement", "by"]
     assert d["estimated_accuracy"]["consensus_view"] == {
         "refined": est.consensus_view.refined, "averaged": est.consensus_view.averaged}
     assert [s["name"] for s in d["sources"]] == names

@@ -7,8 +7,9 @@ party, so that their errors agree and a vote would confirm them (novelty.py), an
 is one party only: one annotator's errors cannot be outvoted, and its consensus with θ_{t+1}
 (the same model) and the clusters repeats them. One source model is SHOT's own setting: on
 USPS → MNIST (SHOT's source recipe, seeds 0-2) the vote gave 0.918 where SHOT gave 0.980,
-and the novelty signal missed it (gap 0.12-0.19 nats: parties trained with label smoothing
-report a training loss high by construction; docs/benchmarks/standard-digits.md).
+and the loss-gap reading missed it (gap 0.12-0.19 nats: parties trained with label smoothing
+report a training loss high by construction; docs/benchmarks/standard-digits.md; the
+BatchNorm feature shift, novelty.py, reads 0.35-0.38 there).
 
 Tried and left out: running both branches and keeping the labels that follow the target's
 neighbourhoods (in its input space) better than chance by more, as prior_choice.py does for

@@ -9,8 +9,10 @@ neighbour vote. Its steps, as README "How adaptive works" numbers them, and wher
                                                   (refinery/adaptive.py, cluster.py)
 4. class prior: the consensus under both priors, the one the target's neighbourhoods
    follow better kept                             (prior_choice.py)
-5. vote or adapt: a target new to the parties (their novelty signal), or one party only
+5. vote or adapt: a target new to the parties (their novelty signal: loss claims, and
+   BatchNorm statistics where the models have them), or one party only
    → θ_{t+1} adapted with SHOT and settled          (:meth:`Adaptive.evidence`, novelty.py,
+                                                  feature_shift.py,
                                                   :meth:`Adaptive.fit`, branch_choice.py,
                                                   fit.py, shot.py)
 6. distil: the student (θ_{t+1}, or θ_t when θ_{t+1} is dead) distilled to the consensus with
@@ -30,6 +32,7 @@ from torch import nn
 from mrtf.refinery.adaptive import ConsensusInputs, consensus_targets, input_independent
 from mrtf.refinery.branch_choice import choose_branch
 from mrtf.refinery.ensemble import stabilized_blocks
+from mrtf.refinery.feature_shift import feature_shift
 from mrtf.refinery.fit import adapt_student, distil_student
 from mrtf.refinery.methods.base import Distilled
 from mrtf.refinery.novelty import target_novelty
@@ -52,14 +55,18 @@ class Adaptive(Distilled):
 
     def evidence(self, state: RefineState) -> None:
         """Step 5's choice, from the local models' entropy on the target against the losses
-        they claim (novelty.py); none without a θ_{t+1} to adapt (parties of different
-        architectures, a given student)."""
+        they claim, and, for models with BatchNorm, the target's features against their
+        running statistics (novelty.py, feature_shift.py); none without a θ_{t+1} to adapt
+        (parties of different architectures, a given student)."""
         assert state.plan is not None
         if state.plan.agg is None or state.student_given:
             return
+        t0 = time.perf_counter()
+        shift = feature_shift(state.plan.locals_, state.source, state.dev)
+        state.timings["teachers"] += time.perf_counter() - t0
         state.novelty = target_novelty(state.logits.view,
                                        [m.meta.train_loss for m in state.used],
-                                       num_local=state.num_local)
+                                       num_local=state.num_local, shift=shift)
         state.branch = choose_branch(state.novelty, state.num_local)
 
     def choice(self, state: RefineState) -> str:

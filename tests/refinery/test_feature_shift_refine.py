@@ -1,0 +1,63 @@
+"""The adaptive default reads the parties' BatchNorm feature shift (feature_shift.py, novelty.py)
+on real data: SHOT's digit network (``lenet_shot``) on scikit-learn digits, three IID parties
+that claim a loss as high as anything they could show on the target (so the claims alone would
+say "familiar" and vote)."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from mrtf.data import load_builtin
+from mrtf.federated import LocalConfig, local_train
+from mrtf.io.bundles import BundleMeta, ReceivedModel, ReceivedSet
+from mrtf.io.hdf5 import ArraySource
+from mrtf.models import build_model
+from mrtf.refinery import RefineConfig, refine
+from mrtf.refinery.feature_shift import FEATURE_SHIFT
+
+KW = {"in_channels": 1, "image_size": 8}
+
+
+@pytest.fixture(scope="module")
+def parties():
+    torch.set_num_threads(1)
+    ds = load_builtin("digits")
+    perm = np.random.default_rng(0).permutation(len(ds.y))
+    train, target = perm[:1200], perm[1200:]
+    x, y = torch.from_numpy(ds.x), torch.from_numpy(ds.y)
+    torch.manual_seed(0)
+    init = build_model("lenet_shot", 10, **KW)
+    models = []
+    for k, idx in enumerate(np.array_split(train, 3)):
+        res = local_train(init, x[idx], y[idx], 10, LocalConfig(steps=120, lr=0.01,
+                                                                 batch_size=32), seed=k)
+        meta = BundleMeta(arch="lenet_shot", num_classes=10, arch_kwargs=dict(KW),
+                          n_samples=res.n_samples, train_loss=5.0)  # a high claim
+        models.append(ReceivedModel(Path(f"p{k}.safetensors"), meta, res.model.state_dict()))
+    return ReceivedSet(models, []), ds.x[target], ds.y[target]
+
+
+def _refine(received, x):
+    return refine(received, ArraySource(x), RefineConfig(steps=15, batch_size=32,
+                                                            progress=False, trust=False))
+
+
+def test_in_domain_target_votes(parties):
+    received, x, _ = parties
+    r = _refine(received, x)
+    assert r.novelty.gap < 0.3 and r.novelty.feature_shift < FEATURE_SHIFT
+    assert not r.novelty.adapt and r.branch.chosen == "vote"
+    assert "BatchNorm feature shift" in r.novelty.line()
+
+
+def test_a_new_domain_is_adapted_on_the_feature_shift_alone(parties):
+    received, x, _ = parties
+    greyed = np.clip(x + 0.3, 0.0, 1.0).astype(np.float32)  # a grey background: a new domain
+    r = _refine(received, greyed)
+    assert r.novelty.gap < 0.3  # the claims alone would vote
+    assert r.novelty.feature_shift > FEATURE_SHIFT and r.novelty.by == "feature shift"
+    assert (r.branch.chosen, r.branch.by) == ("adapt", "novelty")
+    d = r.to_dict()["novelty"]
+    assert d["by"] == "feature shift" and d["feature_shift"] == r.novelty.feature_shift
