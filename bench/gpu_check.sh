@@ -57,7 +57,8 @@ print('k-NN / k-means backend:', choose_backend(None))"
         tests/refinery/test_consensus_torch.py tests/trust/test_calibration_device.py \
         tests/refinery/test_device_obeyed.py tests/io/test_read_ahead.py \
         tests/refinery/test_grouped.py tests/refinery/test_prefetch.py \
-        tests/refinery/test_decision.py tests/compute/test_kmeans.py 2>&1 | tail -15 ;;
+        tests/refinery/test_decision.py tests/compute/test_kmeans.py \
+        tests/refinery/test_feature_shift.py 2>&1 | tail -15 ;;
     compare)
       OMP_NUM_THREADS=$THREADS timeout $(left) python3 bench/scale.py --compare --M 20000 \
         --K 10 --threads "$THREADS" --dir "$SCALE_DIR" 2>&1 | tail -20

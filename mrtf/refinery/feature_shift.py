@@ -33,6 +33,8 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
 
+from mrtf.refinery.placement import lent
+
 #: target rows read (evenly spaced over the set): a channel's mean and variance are known to a
 #: few percent from 2,048 samples; ten ``lenet_shot`` parties read them in 9 s on the loaded
 #: 2-core machine (load 5, one thread), against 31 s for their logits on 10,000 rows
@@ -155,8 +157,9 @@ def model_shift(model: nn.Module, x: np.ndarray, dev: torch.device | str = "cpu"
     from the target as can be, and one such party cannot move the median)."""
     if not batchnorms(model):
         return None
-    layers = layer_shifts(model, [x[s:s + block] for s in range(0, len(x), block)], dev,
-                          dropout_on=True)
+    with lent([model], torch.device(dev)):  # on the device for the pass, then back (placement)
+        layers = layer_shifts(model, [x[s:s + block] for s in range(0, len(x), block)], dev,
+                              dropout_on=True)
     value = float(np.mean([ls.symmetric_kl().mean() for ls in layers]))
     return value if np.isfinite(value) else float("inf")
 

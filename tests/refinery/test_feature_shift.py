@@ -118,3 +118,14 @@ def test_layer_statistics_match_numpy_for_1d_2d_inputs(shape):
     np.testing.assert_allclose(ls.target_mean, flat.mean(1), rtol=1e-6)
     np.testing.assert_allclose(ls.target_var, flat.var(1), rtol=1e-5)
     np.testing.assert_allclose(ls.source_var, 1.0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_read_on_cuda_equals_the_cpu_and_the_party_stays_home():
+    """The refine passes its device (CUDA by default): the party's model is lent to it for
+    the pass (placement.py) and comes back to the CPU; the reading agrees to float64 sums."""
+    net, x = _bn_net(0), _source(seed=7) + 0.5
+    on_cpu = model_shift(net, x, "cpu")
+    on_cuda = model_shift(net, x, "cuda")
+    assert next(net.parameters()).device.type == "cpu"
+    assert on_cuda == pytest.approx(on_cpu, rel=1e-5)
