@@ -57,7 +57,10 @@ SETTINGS = {
                       rounds=1, epochs=1, batch_size=16),
 }
 POISONS = ("clean", "random", "x100", "flipped", "rolled", "claims-1e6", "loss-0",
-           "claims-1e6+flipped", "loss-0+flipped", "3-flipped") + (
+           "claims-1e6+flipped", "loss-0+flipped", "3-flipped",
+           # a reference, not an attack: party 0's file left out (what the nine honest parties
+           # give; every kind that replaces party 0's model can at best do this)
+           "absent") + (
     # takeovers (issue 35): party 0 rolled, claiming round 10^6; party 0 rolled, posing as θ_t
     # of a later round; party 0 replaced by 5 copies of party 1 under 5 names
     "round-claim", "pose-global", "sybil-5",
@@ -153,6 +156,8 @@ def poisoned(rs: ReceivedSet, sim, cfg: RunConfig, poison: str, seed: int) -> Re
     """A copy of ``rs`` with party 0 (parties 0-2 for 3-flipped) replaced by ``poison``."""
     if poison in TAKEOVERS:
         return takeover(rs, poison, seed)[0]
+    if poison == "absent":
+        return ReceivedSet(list(rs.models[1:]), [])
     models = [copy.copy(m) for m in rs.models]
     rng = torch.Generator().manual_seed(seed)
     victims = [0, 1, 2] if poison == "3-flipped" else [0]
@@ -200,7 +205,8 @@ def run_cell(setting: str, seed: int, root: Path, methods=METHODS, poisons=POISO
             prs = prs or poisoned(rs, sim, cfg, poison, seed)
             t0 = time.perf_counter()
             res = refine(prs, target, _config(method, seed))
-            victims = takeover(rs, poison, seed)[1] if poison in TAKEOVERS else \
+            victims = takeover(rs, poison, seed)[1] if poison in TAKEOVERS else set() \
+                if poison in ("clean", "absent") else \
                 {m.meta.party for m in prs.models[:3 if poison == "3-flipped" else 1]}
             flagged = {p.name for p in (res.parties.parties if res.parties else ())
                        if p.verdict != "trusted"}
@@ -271,7 +277,7 @@ def named_report(root: Path) -> str:
 def _wanted(poison: str) -> int:
     """How many files the default must name for ``poison`` (sybil-5: 6 files of one model, 5
     beyond the first; sybils-round: all 5 copies)."""
-    return 0 if poison == "clean" else 3 if poison == "3-flipped" else \
+    return 0 if poison in ("clean", "absent") else 3 if poison == "3-flipped" else \
         5 if poison in ("sybil-5", "sybils-round") else 1
 
 
@@ -299,7 +305,7 @@ def seeds_report(root: Path, methods=("fedavg", "mrtf", "adaptive")) -> str:
             for s in seeds:
                 r, c = by.get((setting, s, poison, "adaptive")), \
                     by.get((setting, s, "clean", "adaptive"))
-                delta = "" if not r or poison == "clean" else \
+                delta = "" if not r or poison == "clean" or not c else \
                     f" ({100 * (r['accuracy'] - c['accuracy']):+.1f})"
                 cells.append(f"{r['accuracy']:.3f}{delta}" if r else "–")
             for m in methods:
@@ -312,8 +318,10 @@ def seeds_report(root: Path, methods=("fedavg", "mrtf", "adaptive")) -> str:
                 cells.append(f"{mean:.3f}" if poison == "clean" else f"{100 * delta:+.1f}")
             rr = [by[(setting, s, poison, "adaptive")] for s in got]
             named = sum(len(r["named"]) == _wanted(poison) for r in rr)
-            false = sum(len(r["false_flags"]) for r in rr)
-            named = "–" if poison == "clean" else f"{named}/{len(rr)}"
+            # (rows of clean sets cached before they had no victims: a flag there is false)
+            false = sum(len(r["false_flags"]) + len(r["named"]) * (_wanted(poison) == 0)
+                        for r in rr)
+            named = "–" if _wanted(poison) == 0 else f"{named}/{len(rr)}"
             lines.append(f"| {poison} | " + " | ".join(cells) + f" | {named} | {false} |")
     return "\n".join(lines)
 
