@@ -8,7 +8,9 @@ weights; its weights × 100; a model trained on its data with flipped labels (y 
 its own model with the output layer's class rows rolled by one ("rolled": the same relabelling
 without training); an honest model claiming n_samples = 10^6; a flipped model claiming
 n_samples = 10^6 or train_loss = 0; and three flipped parties. The target's y only scores.
-Finished cells are cached under ``--out``, so a stopped run loses nothing.
+Finished cells are cached under ``--out``, so a stopped run loses nothing. The takeover kinds
+(issue 35) and the ``one-shot-5*`` settings (Dirichlet 0.5 / 0.1 / IID / an mnistm5k target)
+are in docs/benchmarks/takeover.md; ``--report --per-seed`` prints its per-seed tables.
 
     OMP_NUM_THREADS=1 python bench/poison.py --shard 0/2 &
     OMP_NUM_THREADS=1 python bench/poison.py --shard 1/2 &
