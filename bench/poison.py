@@ -8,7 +8,9 @@ weights; its weights × 100; a model trained on its data with flipped labels (y 
 its own model with the output layer's class rows rolled by one ("rolled": the same relabelling
 without training); an honest model claiming n_samples = 10^6; a flipped model claiming
 n_samples = 10^6 or train_loss = 0; and three flipped parties. The target's y only scores.
-Finished cells are cached under ``--out``, so a stopped run loses nothing.
+Finished cells are cached under ``--out``, so a stopped run loses nothing. The takeover kinds
+(issue 35) and the ``one-shot-5*`` settings (Dirichlet 0.5 / 0.1 / IID / an mnistm5k target)
+are in docs/benchmarks/takeover.md; ``--report --per-seed`` prints its per-seed tables.
 
     OMP_NUM_THREADS=1 python bench/poison.py --shard 0/2 &
     OMP_NUM_THREADS=1 python bench/poison.py --shard 1/2 &
@@ -44,11 +46,23 @@ SETTINGS = {
     # the setting of issue 35's takeover table (10 parties, Dirichlet 0.5, 5 epochs, seed 11)
     "one-shot-5": RunConfig(dataset="mnist5k", clients=10, split="dirichlet:0.5", ratio=1.0,
                             rounds=1, epochs=5, batch_size=32),
+    # the same on other splits and a cross-domain target (issue 35's takeover kinds over
+    # seeds and settings): Dirichlet 0.1, IID, and the target drawn from mnistm5k
+    "one-shot-5-d0.1": RunConfig(dataset="mnist5k", clients=10, split="dirichlet:0.1",
+                                 ratio=1.0, rounds=1, epochs=5, batch_size=32),
+    "one-shot-5-iid": RunConfig(dataset="mnist5k", clients=10, split="iid", ratio=1.0,
+                                rounds=1, epochs=5, batch_size=32),
+    "one-shot-5-mnistm": RunConfig(dataset="mnist5k", target="mnistm5k", clients=10,
+                                   split="dirichlet:0.5", ratio=1.0, rounds=1, epochs=5,
+                                   batch_size=32),
     "weak": RunConfig(dataset="mnist5k", clients=10, split="dirichlet:0.5", ratio=1.0,
                       rounds=1, epochs=1, batch_size=16),
 }
 POISONS = ("clean", "random", "x100", "flipped", "rolled", "claims-1e6", "loss-0",
-           "claims-1e6+flipped", "loss-0+flipped", "3-flipped") + (
+           "claims-1e6+flipped", "loss-0+flipped", "3-flipped",
+           # a reference, not an attack: party 0's file left out (what the nine honest parties
+           # give; every kind that replaces party 0's model can at best do this)
+           "absent") + (
     # takeovers (issue 35): party 0 rolled, claiming round 10^6; party 0 rolled, posing as θ_t
     # of a later round; party 0 replaced by 5 copies of party 1 under 5 names
     "round-claim", "pose-global", "sybil-5",
@@ -144,6 +158,8 @@ def poisoned(rs: ReceivedSet, sim, cfg: RunConfig, poison: str, seed: int) -> Re
     """A copy of ``rs`` with party 0 (parties 0-2 for 3-flipped) replaced by ``poison``."""
     if poison in TAKEOVERS:
         return takeover(rs, poison, seed)[0]
+    if poison == "absent":
+        return ReceivedSet(list(rs.models[1:]), [])
     models = [copy.copy(m) for m in rs.models]
     rng = torch.Generator().manual_seed(seed)
     victims = [0, 1, 2] if poison == "3-flipped" else [0]
@@ -191,7 +207,8 @@ def run_cell(setting: str, seed: int, root: Path, methods=METHODS, poisons=POISO
             prs = prs or poisoned(rs, sim, cfg, poison, seed)
             t0 = time.perf_counter()
             res = refine(prs, target, _config(method, seed))
-            victims = takeover(rs, poison, seed)[1] if poison in TAKEOVERS else \
+            victims = takeover(rs, poison, seed)[1] if poison in TAKEOVERS else set() \
+                if poison in ("clean", "absent") else \
                 {m.meta.party for m in prs.models[:3 if poison == "3-flipped" else 1]}
             flagged = {p.name for p in (res.parties.parties if res.parties else ())
                        if p.verdict != "trusted"}
@@ -253,12 +270,62 @@ def named_report(root: Path) -> str:
             if not rr:
                 continue
             # sybil-5: 6 files of one model, 5 beyond the first; sybils-round: all 5 refused
-            want = 0 if poison == "clean" else 3 if poison == "3-flipped" else \
-                5 if poison in ("sybil-5", "sybils-round") else 1
-            named = sum(len(r["named"]) == want for r in rr)
+            named = sum(len(r["named"]) == _wanted(poison) for r in rr)
             false = sum(len(r["false_flags"]) for r in rr)
             out.append(f"| {setting} | {poison} | {named}/{len(rr)} | {false} |")
     return "\n".join(out)
+
+
+def _wanted(poison: str) -> int:
+    """How many files the default must name for ``poison`` (sybil-5: 6 files of one model, 5
+    beyond the first; sybils-round: all 5 copies)."""
+    return 0 if poison in ("clean", "absent") else 3 if poison == "3-flipped" else \
+        5 if poison in ("sybil-5", "sybils-round") else 1
+
+
+def seeds_report(root: Path, methods=("fedavg", "mrtf", "adaptive")) -> str:
+    """Per setting, one row per poison: each seed's default (adaptive) accuracy and its Δ in
+    points against that seed's clean set, the mean Δ of every method, and in how many seeds
+    the default named the bad file(s) (and how many clean parties it flagged)."""
+    rows = [json.loads(p.read_text()) for p in sorted(root.glob("*.json"))]
+    by = {(r["setting"], r["seed"], r["poison"], r["method"]): r for r in rows}
+    lines = []
+    for setting in SETTINGS:
+        seeds = sorted({k[1] for k in by if k[0] == setting and k[3] == "adaptive"})
+        if not seeds:
+            continue
+        head = [f"default s{s}" for s in seeds] + [f"{m} Δ" for m in methods]
+        lines += [f"\n**{setting}** (accuracy of the labels; Δ: points against the same "
+                  "seed's clean set, mean over seeds)\n",
+                  "| poison | " + " | ".join(head) + " | named | clean flagged |",
+                  "|---|" + "---|" * (len(head) + 2)]
+        for poison in POISONS:
+            got = [s for s in seeds if (setting, s, poison, "adaptive") in by]
+            if not got:
+                continue
+            cells = []
+            for s in seeds:
+                r, c = by.get((setting, s, poison, "adaptive")), \
+                    by.get((setting, s, "clean", "adaptive"))
+                delta = "" if not r or poison == "clean" or not c else \
+                    f" ({100 * (r['accuracy'] - c['accuracy']):+.1f})"
+                cells.append(f"{r['accuracy']:.3f}{delta}" if r else "–")
+            for m in methods:
+                pairs = [(by[(setting, s, poison, m)], by[(setting, s, "clean", m)])
+                         for s in seeds if (setting, s, poison, m) in by
+                         and (setting, s, "clean", m) in by]
+                mean = np.mean([r["accuracy"] for r, _ in pairs]) if pairs else np.nan
+                delta = np.mean([r["accuracy"] - c["accuracy"] for r, c in pairs]) \
+                    if pairs else np.nan
+                cells.append(f"{mean:.3f}" if poison == "clean" else f"{100 * delta:+.1f}")
+            rr = [by[(setting, s, poison, "adaptive")] for s in got]
+            named = sum(len(r["named"]) == _wanted(poison) for r in rr)
+            # (rows of clean sets cached before they had no victims: a flag there is false)
+            false = sum(len(r["false_flags"]) + len(r["named"]) * (_wanted(poison) == 0)
+                        for r in rr)
+            named = "–" if _wanted(poison) == 0 else f"{named}/{len(rr)}"
+            lines.append(f"| {poison} | " + " | ".join(cells) + f" | {named} | {false} |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -273,6 +340,8 @@ def main() -> None:
     ap.add_argument("--named", action="store_true",
                     help="with --report: which poisoned parties the default named, per cell")
     ap.add_argument("--report", action="store_true")
+    ap.add_argument("--per-seed", action="store_true",
+                    help="with --report: per setting, each seed's default and Δ against clean")
     args = ap.parse_args()
     root = Path(args.out)
     root.mkdir(parents=True, exist_ok=True)
@@ -280,6 +349,8 @@ def main() -> None:
         print(report(root))
         if args.named:
             print(named_report(root))
+        if args.per_seed:
+            print(seeds_report(root))
         return
     i, n = map(int, args.shard.split("/"))
     jobs = [(s, int(seed)) for s in args.settings.split(",") for seed in args.seeds.split(",")]

@@ -119,10 +119,23 @@ class PartyReliability:
     weight: float = 0.0
     verdict: str = "trusted"
     reasons: list[str] = field(default_factory=list)
+    #: the reasons that are refused claims (n_samples capped, train_loss not used)
+    refused_claims: list[str] = field(default_factory=list)
+
+    @property
+    def claims_only(self) -> bool:
+        """Flagged for its claims alone: nothing it does on the target or in its weights."""
+        return bool(self.reasons) and all(r in self.refused_claims for r in self.reasons)
 
     @property
     def factor(self) -> float:
-        """Multiplier of its ensemble / consensus weight (1, DOWN_WEIGHT or 0)."""
+        """Multiplier of its ensemble / consensus and averaging weight (1, DOWN_WEIGHT or 0).
+        A party down-weighted for its claims alone keeps 1: refusing the claim (the cap, the
+        loss not used) is the whole answer to it, and halving an honest model's votes for
+        its metadata cost the default 3.7 points on a Dirichlet 0.1 set (issue 35's bench,
+        ``loss-0``; docs/benchmarks/takeover.md): a false claim must not change the labels."""
+        if self.verdict == "down-weighted" and self.claims_only:
+            return 1.0
         return {"trusted": 1.0, "down-weighted": DOWN_WEIGHT, "excluded": 0.0}[self.verdict]
 
     def line(self) -> str:
@@ -266,7 +279,8 @@ def assess(names: Sequence[str], logits: np.ndarray,
         excl = _weight_reasons(p, c, "" if ren is None else ren[1]) + relabel
         # a relabelling already says why it disagrees
         down = [] if relabel else _disagreement_reasons(p, z[i], med_agree, k)
-        down += _loss_reasons(p, losses, med_agree)
+        p.refused_claims = _loss_reasons(p, losses, med_agree)
+        down += p.refused_claims
         p.reasons = excl + down
         p.verdict = "excluded" if excl else "down-weighted" if down else "trusted"
     _cap_claims(parties)
@@ -361,9 +375,11 @@ def _cap_claims(parties: list[PartyReliability]) -> None:
     cap = CLAIM_CAP * float(np.median(claims))
     for p in parties:
         if p.claimed_samples > cap:
-            p.reasons.append(f"claims {p.claimed_samples:,} samples, "
-                             f"{p.claimed_samples / (cap / CLAIM_CAP):.0f}× the median claim: "
-                             f"its averaging weight is capped at {CLAIM_CAP:g}× the median")
+            why = (f"claims {p.claimed_samples:,} samples, "
+                   f"{p.claimed_samples / (cap / CLAIM_CAP):.0f}× the median claim: "
+                   f"its averaging weight is capped at {CLAIM_CAP:g}× the median")
+            p.reasons.append(why)
+            p.refused_claims.append(why)
             if p.verdict == "trusted":
                 p.verdict = "down-weighted"
 
@@ -377,10 +393,8 @@ def _avg_weights(parties: list[PartyReliability]) -> list[float]:
         base = [min(float(c), cap) for c in claims]
     else:
         base = [1.0] * len(parties)
-    # a capped claim is a claim, not misbehaviour: its weight is the cap, not also halved
-    raw = [b * (1.0 if p.verdict == "down-weighted" and all("claims" in r and "samples" in r
-                                                             for r in p.reasons)
-                else p.factor) for b, p in zip(base, parties)]
+    # a refused claim is not misbehaviour: its weight is the cap, not also halved (factor)
+    raw = [b * p.factor for b, p in zip(base, parties)]
     total = math.fsum(raw)
     if total <= 0:  # every party excluded: fall back to the capped claims, said by the caller
         raw, total = base, math.fsum(base)
