@@ -129,11 +129,8 @@ class PartyReliability:
 
     @property
     def factor(self) -> float:
-        """Multiplier of its ensemble / consensus and averaging weight (1, DOWN_WEIGHT or 0).
-        A party down-weighted for its claims alone keeps 1: refusing the claim (the cap, the
-        loss not used) is the whole answer to it, and halving an honest model's votes for
-        its metadata cost the default 3.7 points on a Dirichlet 0.1 set (issue 35's bench,
-        ``loss-0``; docs/benchmarks/takeover.md): a false claim must not change the labels."""
+        """Multiplier of its ensemble / consensus and averaging weight (1, DOWN_WEIGHT or 0);
+        1 for claims alone: refusing the claim is the answer (docs/benchmarks/takeover.md)."""
         if self.verdict == "down-weighted" and self.claims_only:
             return 1.0
         return {"trusted": 1.0, "down-weighted": DOWN_WEIGHT, "excluded": 0.0}[self.verdict]
