@@ -390,7 +390,6 @@ def _avg_weights(parties: list[PartyReliability]) -> list[float]:
         base = [min(float(c), cap) for c in claims]
     else:
         base = [1.0] * len(parties)
-    # a refused claim is not misbehaviour: its weight is the cap, not also halved (factor)
     raw = [b * p.factor for b, p in zip(base, parties)]
     total = math.fsum(raw)
     if total <= 0:  # every party excluded: fall back to the capped claims, said by the caller
