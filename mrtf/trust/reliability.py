@@ -8,8 +8,7 @@ model behave on its target set. For each local model this module measures
   classes to the consensus class it most often stands for. A label-flipped party (trained on
   y + 1) agrees almost never but maps almost perfectly, with many classes moved: its
   predictions are a relabelling;
-- its **prediction histogram** against the leave-one-out consensus' (total variation);
-- its **confidence profile** (mean max softmax probability);
+- its **prediction histogram** against the consensus' (total variation), its **confidence**;
 - its **weight-space distance** from the coordinate-wise median of the parties' weights,
   relative to the median party's distance, and its weight norm relative to the median norm
   (random weights, weights × 100), and whether its **output layer is θ_t's with the class
@@ -56,6 +55,8 @@ RELABEL_GAP = 0.3
 #: at least RELABEL_MAPPED of the samples
 RELABEL_MOVED = 0.4
 RELABEL_MAPPED = 0.5
+#: or, wherever they hardly agree (another domain): agreement < RELABEL_RATIO × the renamed
+RELABEL_RATIO = 0.25
 #: disagreement outlier: agreement below AGREE_FRACTION × the median party's agreement and a
 #: robust z-score below -AGREE_Z, judged only with ≥ AGREE_MIN_PARTIES parties whose median
 #: agreement is ≥ AGREE_MIN_MEDIAN (when the parties hardly agree among themselves, weak or
@@ -329,10 +330,9 @@ def _weight_reasons(p: PartyReliability, c: int, against: str) -> list[str]:
 
 def _relabel_reasons(p: PartyReliability, c: int) -> list[str]:
     """Exclusion when its labels are a relabelling of the others' (many classes moved)."""
-    if p.mapped_agreement - p.agreement > RELABEL_GAP and \
-            p.agreement < 0.5 * p.mapped_agreement and \
-            p.mapped_agreement >= RELABEL_MAPPED and \
-            p.moved_classes >= max(3, math.ceil(RELABEL_MOVED * c)):
+    a, mapped = p.agreement, p.mapped_agreement
+    if (mapped - a > RELABEL_GAP and a < 0.5 * mapped and mapped >= RELABEL_MAPPED
+            or a < RELABEL_RATIO * mapped) and p.moved_classes >= max(3, RELABEL_MOVED * c):
         return [f"its labels are a relabelling of the others' (agrees {p.agreement:.2f}, "
                 f"{p.mapped_agreement:.2f} after renaming classes)"]
     return []
