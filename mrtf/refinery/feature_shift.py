@@ -34,6 +34,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
 
 from mrtf.refinery.placement import lent
+from mrtf.trust.neighbours import reference_rows
 
 #: target rows read (evenly spaced over the set): a channel's mean and variance are known to a
 #: few percent from 2,048 samples; ten ``lenet_shot`` parties read them in 9 s on the loaded
@@ -51,13 +52,6 @@ def batchnorms(model: nn.Module) -> list[_BatchNorm]:
     return [m for m in model.modules() if isinstance(m, _BatchNorm)
             and m.track_running_stats and m.running_mean is not None
             and m.running_var is not None]
-
-
-def sample_rows(n: int, max_samples: int = MAX_SAMPLES) -> np.ndarray:
-    """Up to ``max_samples`` row indices evenly spaced over ``n`` (sorted, distinct)."""
-    if n <= max_samples:
-        return np.arange(n)
-    return np.unique(np.linspace(0, n - 1, max_samples).round().astype(np.int64))
 
 
 @dataclass(frozen=True)
@@ -172,6 +166,6 @@ def feature_shift(models: Sequence[nn.Module], source, dev: torch.device | str =
     any model lacks BatchNorm (then none is run). y is never read."""
     if not models or not all(batchnorms(m) for m in models):
         return FeatureShift(tuple(None for _ in models), None, threshold)
-    x = np.asarray(source.take(sample_rows(len(source), max_samples)), dtype=np.float32)
+    x = np.asarray(source.take(reference_rows(len(source), max_samples)), dtype=np.float32)
     per = tuple(model_shift(m, x, dev) for m in models)
     return FeatureShift(per, float(np.median(per)), threshold)

@@ -13,8 +13,8 @@ from mrtf.refinery.feature_shift import (
     feature_shift,
     layer_shifts,
     model_shift,
-    sample_rows,
 )
+from mrtf.trust.neighbours import reference_rows
 
 
 def _source(n: int = 4000, seed: int = 0) -> np.ndarray:
@@ -101,9 +101,9 @@ def test_a_plain_network_gives_no_reading():
         assert fs.per_party == tuple(None for _ in models)
 
 
-def test_sample_rows_evenly_spaced_and_bounded():
-    assert list(sample_rows(5, 10)) == [0, 1, 2, 3, 4]
-    rows = sample_rows(10_000, 2048)
+def test_rows_read_evenly_spaced_and_bounded():
+    assert list(reference_rows(5, 10)) == [0, 1, 2, 3, 4]
+    rows = reference_rows(10_000, 2048)
     assert len(rows) == 2048 and rows[0] == 0 and rows[-1] == 9999
     assert np.all(np.diff(rows) > 0)
 
