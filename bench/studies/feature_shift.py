@@ -39,8 +39,9 @@ from torch import nn
 
 from mrtf.data import load_standard
 from mrtf.io import H5Dataset, load_received
-from mrtf.refinery.feature_shift import batchnorms, layer_shifts, sample_rows
+from mrtf.refinery.feature_shift import MAX_SAMPLES, batchnorms, layer_shifts
 from mrtf.refinery.novelty import mean_entropies
+from mrtf.trust.neighbours import reference_rows
 
 PAIRS = {"mnist-usps": ("mnist", 28, 1), "usps-mnist": ("usps", 28, 1),
          "mnist-mnistm": ("mnist", 32, 3), "mnist-usps-framed": ("mnist", 28, 1)}
@@ -157,14 +158,14 @@ def main() -> None:
     for _kind, d, pair in sets:
         rows = []
         with H5Dataset(d / "target.h5") as t:
-            x = t.take(sample_rows(len(t)))
+            x = t.take(reference_rows(len(t), MAX_SAMPLES))
         rows.append(("target", x))
         if pair:
             src, size, ch = PAIRS[pair]
             frame = "resize"
             ds = load_standard(src, "test", size=size, channels=ch, frame=frame)
             xs = ds.x.astype(np.float32) / 255.0 if ds.x.dtype == np.uint8 else ds.x
-            rows.append((f"{src} test (in-domain)", xs[sample_rows(len(xs))]))
+            rows.append((f"{src} test (in-domain)", xs[reference_rows(len(xs), MAX_SAMPLES)]))
         ad, sh = cell(args.bench, d.name, "adaptive"), cell(args.bench, d.name, "shot")
         nov = ad.get("novelty", "")
         branch = "adapt" if "adapted to it" in nov else ("vote" if nov else "-")
