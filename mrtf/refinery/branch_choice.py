@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mrtf.refinery.adapt_start import StartChoice
 from mrtf.refinery.novelty import Novelty
 
 REASONS = ("novelty", "one party", "vote")
@@ -30,10 +31,13 @@ REASONS = ("novelty", "one party", "vote")
 @dataclass(frozen=True)
 class BranchChoice:
     """``chosen``: 'vote' or 'adapt'; ``by``: why: 'novelty' (the parties' novelty signal),
-    'one party' (a single local model: nothing to vote over) or 'vote' (neither)."""
+    'one party' (a single local model: nothing to vote over) or 'vote' (neither); ``start``:
+    where the adapt branch started (adapt_start.py; None before the fit, on the vote branch,
+    and with one party)."""
 
     chosen: str
     by: str
+    start: StartChoice | None = None
 
     @property
     def adapts(self) -> bool:
@@ -44,10 +48,12 @@ class BranchChoice:
         why = {"novelty": "the target is new to the parties (target novelty, above)",
                "one party": "one party only: its errors cannot be outvoted",
                "vote": "more than one party, and the target is not new to them"}[self.by]
-        return f"vote or adapt: {self.chosen} ({why})"
+        start = "" if self.start is None else f"; {self.start.line()}"
+        return f"vote or adapt: {self.chosen} ({why}){start}"
 
     def to_dict(self) -> dict:
-        return {"chosen": self.chosen, "by": self.by, "line": self.line()}
+        return {"chosen": self.chosen, "by": self.by, "line": self.line(),
+                "start": None if self.start is None else self.start.to_dict()}
 
 
 def choose_branch(novelty: Novelty | None, num_local: int) -> BranchChoice | None:

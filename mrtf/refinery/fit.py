@@ -1,10 +1,11 @@
 """How the student is fitted to the target: distilled to the consensus (Eq. 1-2), or θ_{t+1}
 adapted to the target with SHOT and then settled: distilled to its own neighbour vote with its
 inputs jittered, as the vote branch's last steps do. Which of the two the adaptive default
-keeps is branch_choice.py's."""
+keeps is branch_choice.py's; where the adapt branch starts, adapt_start.py's."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 
 import numpy as np
@@ -12,6 +13,7 @@ import torch
 from torch import nn
 
 from mrtf.models import has_batchnorm
+from mrtf.refinery.adapt_start import AVERAGE, VOTE_STUDENT, StartChoice, choose_start
 from mrtf.refinery.config import RefineConfig
 from mrtf.refinery.distill import distill
 from mrtf.refinery.neighbour_vote import final_probs
@@ -85,3 +87,32 @@ def settle(adapted: nn.Module, source, config: RefineConfig, dev: torch.device) 
         adapted = distill(adapted, source, voted.astype(np.float32),
                           config.distill_run(seed_offset=1000 * (r + 1)), dev, config.progress)
     return adapted
+
+
+def adapts_from_both_starts(model: nn.Module, num_local: int) -> bool:
+    """Whether the adapt branch adapts both θ_{t+1} and the vote's student
+    (:func:`adapt_both_starts`): with more than one party (one party's vote is θ_{t+1}'s own
+    opinion) and a network with BatchNorm, which SHOT's recipe adapts until its labels are
+    sure (:func:`adapt_settings`). A plain network, adapted lightly (Adam 3e-5), keeps much
+    of its start's doubt, so the information of its labels measures the start more than the
+    adaptation: on the label-quality grid's mnist5k → mnistm5k sets (four plain LeNets, seeds
+    0-2) the student's labels scored the higher information on all three and were worse on
+    two (0.425 / 0.509 against 0.515 / 0.533; docs/benchmarks/standard-digits.md)."""
+    return num_local > 1 and has_batchnorm(model)
+
+
+def adapt_both_starts(average: nn.Module, source, targets: np.ndarray, config: RefineConfig,
+                      dev: torch.device, streaming: bool = False
+                      ) -> tuple[nn.Module, StartChoice]:
+    """The adapt branch with a vote to distil (more than one party): ``average`` (θ_{t+1})
+    adapted as it is, and a copy of it first distilled to ``targets`` (the vote's student)
+    then adapted; the one whose labels (after the neighbour vote) carry more information
+    about the target is returned (adapt_start.py), with the choice. ``average`` is adapted in
+    place."""
+    student = distil_student(copy.deepcopy(average), source, targets, config, dev)
+    adapted = {AVERAGE: adapt_student(average, source, config, dev, streaming),
+               VOTE_STUDENT: adapt_student(student, source, config, dev, streaming)}
+    labels = {name: final_probs(model, source, config.vote_k, config.inference_batch, dev,
+                                config.stack)[0] for name, model in adapted.items()}
+    choice = choose_start(labels)
+    return adapted[choice.kept], choice

@@ -59,5 +59,9 @@ def test_a_new_domain_is_adapted_on_the_feature_shift_alone(parties):
     assert r.novelty.gap < 0.3  # the claims alone would vote
     assert r.novelty.feature_shift > FEATURE_SHIFT and r.novelty.by == "feature shift"
     assert (r.branch.chosen, r.branch.by) == ("adapt", "novelty")
+    # three parties: adapted from θ_{t+1} and from the vote's student, the one kept is said
+    assert set(r.branch.start.information) == {"θ_{t+1}", "the vote's student"}
+    assert r.branch.start.kept in r.branch.start.information
+    assert "kept" in r.branch.line() and r.to_dict()["branch"]["start"]["kept"]
     d = r.to_dict()["novelty"]
     assert d["by"] == "feature shift" and d["feature_shift"] == r.novelty.feature_shift

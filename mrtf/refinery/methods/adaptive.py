@@ -11,8 +11,9 @@ neighbour vote. Its steps, as README "How adaptive works" numbers them, and wher
    follow better kept                             (prior_choice.py)
 5. vote or adapt: a target new to the parties (their novelty signal: loss claims, and
    BatchNorm statistics where the models have them), or one party only
-   → θ_{t+1} adapted with SHOT and settled          (:meth:`Adaptive.evidence`, novelty.py,
-                                                  feature_shift.py,
+   → θ_{t+1} adapted with SHOT and settled, and (BatchNorm, several parties) also the vote's
+   student; the labels with more information kept (:meth:`Adaptive.evidence`, novelty.py,
+                                                  feature_shift.py, adapt_start.py,
                                                   :meth:`Adaptive.fit`, branch_choice.py,
                                                   fit.py, shot.py)
 6. distil: the student (θ_{t+1}, or θ_t when θ_{t+1} is dead) distilled to the consensus with
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import time
+from dataclasses import replace
 
 import numpy as np
 from torch import nn
@@ -33,7 +35,12 @@ from mrtf.refinery.adaptive import ConsensusInputs, consensus_targets, input_ind
 from mrtf.refinery.branch_choice import choose_branch
 from mrtf.refinery.ensemble import stabilized_blocks
 from mrtf.refinery.feature_shift import feature_shift
-from mrtf.refinery.fit import adapt_student, distil_student
+from mrtf.refinery.fit import (
+    adapt_both_starts,
+    adapt_student,
+    adapts_from_both_starts,
+    distil_student,
+)
 from mrtf.refinery.methods.base import Distilled
 from mrtf.refinery.novelty import target_novelty
 from mrtf.refinery.state import RefineState
@@ -109,10 +116,17 @@ class Adaptive(Distilled):
 
     def fit(self, state: RefineState) -> nn.Module:
         """Steps 5-6: adapted (SHOT) and settled when branch_choice.py says so (the target is
-        new to the parties, or there is one party); else distilled to the consensus with
-        jitter."""
+        new to the parties, or there is one party); from θ_{t+1} and from the vote's student,
+        the better kept, where fit.adapts_from_both_starts says so (adapt_start.py); else
+        distilled to the consensus with jitter."""
         assert state.targets is not None
         start = self.start_model(state)
         if state.branch is not None and state.branch.adapts:
-            return adapt_student(start, state.source, state.config, state.dev, state.spilled)
+            if not adapts_from_both_starts(start, state.num_local):
+                return adapt_student(start, state.source, state.config, state.dev,
+                                     state.spilled)
+            model, choice = adapt_both_starts(start, state.source, state.targets, state.config,
+                                              state.dev, state.spilled)
+            state.branch = replace(state.branch, start=choice)
+            return model
         return distil_student(start, state.source, state.targets, state.config, state.dev)

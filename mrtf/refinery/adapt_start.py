@@ -1,0 +1,78 @@
+"""Where the adapt branch starts: θ_{t+1}, or the vote's student. Both are adapted; the one
+whose labels carry more information about the target is kept.
+
+SHOT (Liang et al. 2020) adapts a model by its own pseudo-labels: its first centroids are the
+start's own predictions (SHOT Eq. 4-6), so a start that is a poor classifier of the target
+stays one. θ_{t+1}, the parameter average, is such a start when the parties' data were far
+apart: ten one-shot MNIST parties with Dirichlet 0.1 shares averaged to a model that labelled
+0.19-0.32 of USPS right, and on one seed put 95 % of the target in one class. The student
+the vote branch distils (θ_{t+1} taught the parties' consensus, Eq. 1-2) starts from what the
+parties agree on instead, but distilling first can also cost: on ten Dirichlet-0.5 parties
+SHOT from the student lost 7-15 points against SHOT from θ_{t+1} on three of the sets where
+θ_{t+1} was a fair start. Neither start wins everywhere, and nothing read before adapting told
+them apart (docs/benchmarks/standard-digits.md, "Where the adapt branch starts").
+
+So both are adapted and settled (fit.py), and the refinery keeps the one whose labels (after
+the neighbour vote) score the higher **information** on the target,
+
+    I(p) = H(mean_i p_i) - mean_i H(p_i),
+
+the mutual information between a sample and its label under the model: confident labels
+(small H(p_i)) spread over the classes (large H of their mean). It is SHOT's own objective
+(the information-maximisation loss L_ent + L_div of SHOT Eq. 2-3, negated), read once on each
+result; no label is read. A collapsed adaptation (most of the target in a few classes) scores
+low on the first term, an unsure one on the second.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+#: the two starts, in the order they are adapted (the first is kept on a tie)
+AVERAGE = "θ_{t+1}"
+VOTE_STUDENT = "the vote's student"
+
+
+def _entropy(p: np.ndarray) -> np.ndarray:
+    return -(p * np.log(np.clip(p, 1e-12, None))).sum(-1)
+
+
+def label_information(probs: np.ndarray) -> float:
+    """I(p) = H(mean p) - mean H(p) in nats, of (M, C) label probabilities: between 0 (every
+    row the same, or every row uniform) and ln C (one-hot rows, classes equally often)."""
+    p = np.asarray(probs, dtype=np.float64)
+    if p.ndim != 2 or len(p) == 0:
+        raise ValueError(f"label_information needs (M, C) probabilities with M >= 1, got "
+                         f"shape {p.shape}")
+    return float(_entropy(p.mean(0)) - _entropy(p).mean())
+
+
+@dataclass(frozen=True)
+class StartChoice:
+    """kept: the start whose adapted labels scored the higher information (AVERAGE or
+    VOTE_STUDENT); information: every start's score I (nats), in the order adapted."""
+
+    kept: str
+    information: dict[str, float] = field(default_factory=dict)
+
+    def line(self) -> str:
+        scores = ", ".join(f"{k} {v:.3f}" for k, v in self.information.items())
+        return (f"adapted from {len(self.information)} starts, kept {self.kept} "
+                f"(the labels' information on the target, nats: {scores})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def choose_start(labels: Mapping[str, np.ndarray]) -> StartChoice:
+    """The start (a key of ``labels``: its adapted model's label probabilities (M, C)) whose
+    labels score the highest :func:`label_information`; the first on a tie."""
+    if not labels:
+        raise ValueError("choose_start needs at least one start")
+    scores = {name: label_information(p) for name, p in labels.items()}
+    kept = max(scores, key=lambda name: (scores[name], -list(scores).index(name)))
+    return StartChoice(kept, scores)

@@ -1,0 +1,92 @@
+"""adapt_start.py: the information of a labelling, and the start whose adapted labels carry
+more of it; fit.adapt_both_starts adapts both starts and keeps that one."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import mrtf.refinery.fit as fit
+from mrtf.io.hdf5 import ArraySource
+from mrtf.models.registry import build_model
+from mrtf.refinery.adapt_start import (
+    AVERAGE,
+    VOTE_STUDENT,
+    StartChoice,
+    choose_start,
+    label_information,
+)
+from mrtf.refinery.config import RefineConfig
+
+
+def _onehot(labels, c=10) -> np.ndarray:
+    return np.eye(c, dtype=np.float32)[np.asarray(labels)]
+
+
+def test_information_is_zero_for_one_class_or_no_opinion_and_ln_c_at_best() -> None:
+    assert label_information(_onehot(np.arange(1000) % 10)) == pytest.approx(math.log(10))
+    assert label_information(_onehot(np.zeros(500, int))) == pytest.approx(0.0, abs=1e-9)
+    assert label_information(np.full((50, 10), 0.1)) == pytest.approx(0.0, abs=1e-9)
+    # a collapse into 2 classes of 10 scores ln 2; unsure labels score less than sure ones
+    assert label_information(_onehot(np.arange(100) % 2)) == pytest.approx(math.log(2))
+    soft = 0.5 * _onehot(np.arange(1000) % 10) + 0.05
+    assert 0 < label_information(soft) < label_information(_onehot(np.arange(1000) % 10))
+
+
+def test_information_refuses_what_is_not_a_matrix_of_rows() -> None:
+    for bad in (np.zeros(10), np.zeros((0, 10))):
+        with pytest.raises(ValueError, match="M, C"):
+            label_information(bad)
+
+
+def test_the_start_with_more_informative_labels_is_kept_first_on_a_tie() -> None:
+    spread, collapsed = _onehot(np.arange(200) % 10), _onehot(np.arange(200) % 2)
+    c = choose_start({AVERAGE: collapsed, VOTE_STUDENT: spread})
+    assert c.kept == VOTE_STUDENT and c.information[AVERAGE] == pytest.approx(math.log(2))
+    assert choose_start({AVERAGE: spread, VOTE_STUDENT: collapsed}).kept == AVERAGE
+    assert choose_start({AVERAGE: spread, VOTE_STUDENT: spread.copy()}).kept == AVERAGE
+    assert list(c.information) == [AVERAGE, VOTE_STUDENT]  # in the order given
+    assert "kept the vote's student" in c.line() and c.to_dict()["kept"] == VOTE_STUDENT
+    with pytest.raises(ValueError):
+        choose_start({})
+
+
+def test_both_starts_are_adapted_and_the_chosen_model_is_returned(monkeypatch) -> None:
+    """θ_{t+1} adapted as it is, a copy distilled to the vote first then adapted; the labels
+    of each scored; the kept one is the model returned (the other start untouched by it)."""
+    torch.manual_seed(0)
+    average = build_model("lenet", 10)
+    x = np.random.default_rng(0).random((40, 1, 28, 28), dtype=np.float32)
+    targets = _onehot(np.arange(40) % 10)
+    adapted: list[int] = []
+    distilled: list[int] = []
+    real_distil = fit.distil_student
+
+    def adapt(model, *args, **kwargs):
+        adapted.append(id(model))
+        return model
+
+    def distil(model, *args, **kwargs):
+        distilled.append(id(model))
+        return real_distil(model, *args, **kwargs)
+
+    labels = iter([_onehot(np.zeros(40, int)), targets])  # θ_{t+1}'s collapsed
+
+    monkeypatch.setattr(fit, "adapt_student", adapt)
+    monkeypatch.setattr(fit, "distil_student", distil)
+    monkeypatch.setattr(fit, "final_probs", lambda *a, **k: (next(labels), None))
+    config = RefineConfig(steps=2, batch_size=16, seed=3, progress=False)
+    model, choice = fit.adapt_both_starts(average, ArraySource(x), targets, config,
+                                          torch.device("cpu"))
+    assert isinstance(choice, StartChoice) and choice.kept == VOTE_STUDENT
+    assert adapted[0] == id(average) and len(adapted) == 2 and distilled == [adapted[1]]
+    assert model is not average and id(model) == adapted[1]
+
+
+def test_both_starts_only_for_several_batchnorm_parties() -> None:
+    assert fit.adapts_from_both_starts(build_model("lenet_shot", 10), num_local=3)
+    assert not fit.adapts_from_both_starts(build_model("lenet_shot", 10), num_local=1)
+    assert not fit.adapts_from_both_starts(build_model("lenet", 10), num_local=3)
