@@ -187,8 +187,9 @@ def _refined(method: str, **extra) -> Method:
     def run(received, target, seed: int) -> tuple[np.ndarray, dict]:
         res = refine(received, target, RefineConfig(method=method, seed=seed, progress=False,
                                                     **extra))
-        novelty = None if res.novelty is None else res.novelty.line()
-        return res.probs, ({"timings": res.timings} | ({"novelty": novelty} if novelty else {})
+        said = {"novelty": None if res.novelty is None else res.novelty.line(),
+                "branch": None if res.branch is None else res.branch.line()}
+        return res.probs, ({"timings": res.timings} | {k: v for k, v in said.items() if v}
                            | estimate_of(res, target.labels()))
     return run
 
