@@ -14,6 +14,7 @@ from mrtf.io.hdf5 import ArraySource
 from mrtf.models.registry import build_model
 from mrtf.refinery.adapt_start import (
     AVERAGE,
+    TIE,
     VOTE_STUDENT,
     StartChoice,
     choose_start,
@@ -52,6 +53,26 @@ def test_the_start_with_more_informative_labels_is_kept_first_on_a_tie() -> None
     assert "kept the vote's student" in c.line() and c.to_dict()["kept"] == VOTE_STUDENT
     with pytest.raises(ValueError):
         choose_start({})
+
+
+def test_a_lead_under_the_tie_margin_keeps_the_first_start() -> None:
+    """Two confident labellings score alike whichever is right: a lead under TIE × ln C
+    keeps θ_{t+1} (given first); a lead over it keeps the other."""
+    spread = _onehot(np.arange(1000) % 10)
+    margin = TIE * math.log(10)
+
+    def mixed(eps: float) -> np.ndarray:  # information lowered by about eps below ln 10
+        lo = 0.0
+        hi = 1.0
+        for _ in range(60):  # bisect the mixing weight with a uniform row
+            w = (lo + hi) / 2
+            info = label_information((1 - w) * spread + w / 10)
+            lo, hi = (w, hi) if info > math.log(10) - eps else (lo, w)
+        return (1 - lo) * spread + lo / 10
+
+    near, far = mixed(0.5 * margin), mixed(2 * margin)
+    assert choose_start({AVERAGE: near, VOTE_STUDENT: spread}).kept == AVERAGE
+    assert choose_start({AVERAGE: far, VOTE_STUDENT: spread}).kept == VOTE_STUDENT
 
 
 def test_both_starts_are_adapted_and_the_chosen_model_is_returned(monkeypatch) -> None:
