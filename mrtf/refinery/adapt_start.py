@@ -40,15 +40,13 @@ from typing import Any
 
 import numpy as np
 
+from mrtf.refinery.rectify import entropy
+
 #: a lead in information under TIE × ln C (nats) is a tie, kept by the first start
 TIE = 0.01
 #: the two starts, in the order they are adapted (the first is kept on a tie)
 AVERAGE = "θ_{t+1}"
 VOTE_STUDENT = "the vote's student"
-
-
-def _entropy(p: np.ndarray) -> np.ndarray:
-    return -(p * np.log(np.clip(p, 1e-12, None))).sum(-1)
 
 
 def label_information(probs: np.ndarray) -> float:
@@ -58,7 +56,7 @@ def label_information(probs: np.ndarray) -> float:
     if p.ndim != 2 or len(p) == 0:
         raise ValueError(f"label_information needs (M, C) probabilities with M >= 1, got "
                          f"shape {p.shape}")
-    return float(_entropy(p.mean(0)) - _entropy(p).mean())
+    return float(entropy(p.mean(0)) - entropy(p).mean())
 
 
 @dataclass(frozen=True)
