@@ -6,7 +6,7 @@ keeps is branch_choice.py's; where the adapt branch starts, adapt_start.py's."""
 from __future__ import annotations
 
 import copy
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -16,7 +16,7 @@ from mrtf.models import has_batchnorm
 from mrtf.refinery.adapt_start import AVERAGE, VOTE_STUDENT, StartChoice, choose_start
 from mrtf.refinery.config import RefineConfig
 from mrtf.refinery.distill import distill
-from mrtf.refinery.neighbour_vote import final_probs
+from mrtf.refinery.neighbour_vote import NeighbourVote, final_probs
 from mrtf.refinery.shot import ShotSettings, shot_adapt
 
 #: the adapt branch's cap on SHOT's steps: SHOT's 30 passes over a 10,000-image target
@@ -101,18 +101,28 @@ def adapts_from_both_starts(model: nn.Module, num_local: int) -> bool:
     return num_local > 1 and has_batchnorm(model)
 
 
+@dataclass(frozen=True)
+class KeptStart:
+    """The adapt branch from both starts: the kept ``model``, the ``choice`` and the kept
+    model's ``labels`` (neighbour_vote.final_probs: probabilities and vote), which the report
+    reuses instead of voting again."""
+
+    model: nn.Module
+    choice: StartChoice
+    labels: tuple[np.ndarray, NeighbourVote | None]
+
+
 def adapt_both_starts(average: nn.Module, source, targets: np.ndarray, config: RefineConfig,
-                      dev: torch.device, streaming: bool = False
-                      ) -> tuple[nn.Module, StartChoice]:
+                      dev: torch.device, streaming: bool = False) -> KeptStart:
     """The adapt branch with a vote to distil (more than one party): ``average`` (θ_{t+1})
     adapted as it is, and a copy of it first distilled to ``targets`` (the vote's student)
     then adapted; the one whose labels (after the neighbour vote) carry more information
-    about the target is returned (adapt_start.py), with the choice. ``average`` is adapted in
-    place."""
+    about the target is kept (adapt_start.py), with the choice and its labels. ``average`` is
+    adapted in place."""
     student = distil_student(copy.deepcopy(average), source, targets, config, dev)
     adapted = {AVERAGE: adapt_student(average, source, config, dev, streaming),
                VOTE_STUDENT: adapt_student(student, source, config, dev, streaming)}
     labels = {name: final_probs(model, source, config.vote_k, config.inference_batch, dev,
-                                config.stack)[0] for name, model in adapted.items()}
-    choice = choose_start(labels)
-    return adapted[choice.kept], choice
+                                config.stack) for name, model in adapted.items()}
+    choice = choose_start({name: out[0] for name, out in labels.items()})
+    return KeptStart(adapted[choice.kept], choice, labels[choice.kept])

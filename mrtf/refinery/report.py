@@ -32,9 +32,13 @@ def report(state: RefineState) -> RefineResult:
     t0 = time.perf_counter()
     # θ_{t+1} as it is (fedavg): `before` is its softmax; an adapted one (shot, aad) is predicted
     unchanged = not state.taught and state.model is state.self_model
-    probs, vote = (before, None) if unchanged else \
-        final_probs(state.model, state.source, config.vote_k, config.inference_batch,
-                    state.dev, config.stack)
+    if state.labels is not None:
+        probs, vote = state.labels
+    elif unchanged:
+        probs, vote = before, None
+    else:
+        probs, vote = final_probs(state.model, state.source, config.vote_k,
+                                  config.inference_batch, state.dev, config.stack)
     timings["predict"] = time.perf_counter() - t0
     view = None if state.adaptive is None else consensus_view(state.adaptive, probs, before)
     t0 = time.perf_counter()

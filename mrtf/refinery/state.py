@@ -51,6 +51,8 @@ class RefineState:
     neighbours : the target's own neighbourhoods (M, k) (mrtf.trust.neighbours).
     signals : the calibration's evidence (mrtf.trust.calibration.Signals).
     start_model : the model the fit starts from. model : the refined model.
+    labels : the refined model's labels (neighbour_vote.final_probs) when the fit already
+        computed them (the adapt branch from both starts); else the report computes them.
     branch : the adaptive default's vote-or-adapt choice (branch_choice.py).
     """
 
@@ -80,6 +82,7 @@ class RefineState:
     adaptive: AdaptiveTargets | None = None
     start_model: nn.Module | None = None
     model: nn.Module | None = None
+    labels: tuple[np.ndarray, Any] | None = None
 
     @property
     def self_model(self) -> nn.Module:

@@ -100,11 +100,11 @@ def test_both_starts_are_adapted_and_the_chosen_model_is_returned(monkeypatch) -
     monkeypatch.setattr(fit, "distil_student", distil)
     monkeypatch.setattr(fit, "final_probs", lambda *a, **k: (next(labels), None))
     config = RefineConfig(steps=2, batch_size=16, seed=3, progress=False)
-    model, choice = fit.adapt_both_starts(average, ArraySource(x), targets, config,
-                                          torch.device("cpu"))
-    assert isinstance(choice, StartChoice) and choice.kept == VOTE_STUDENT
+    kept = fit.adapt_both_starts(average, ArraySource(x), targets, config, torch.device("cpu"))
+    assert isinstance(kept.choice, StartChoice) and kept.choice.kept == VOTE_STUDENT
     assert adapted[0] == id(average) and len(adapted) == 2 and distilled == [adapted[1]]
-    assert model is not average and id(model) == adapted[1]
+    assert kept.model is not average and id(kept.model) == adapted[1]
+    assert kept.labels[0] is targets  # the kept start's labels, for the report to reuse
 
 
 def test_both_starts_only_for_several_batchnorm_parties() -> None:

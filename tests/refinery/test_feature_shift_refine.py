@@ -15,7 +15,9 @@ from mrtf.io.bundles import BundleMeta, ReceivedModel, ReceivedSet
 from mrtf.io.hdf5 import ArraySource
 from mrtf.models import build_model
 from mrtf.refinery import RefineConfig, refine
+from mrtf.refinery.adapt_start import label_information
 from mrtf.refinery.feature_shift import FEATURE_SHIFT
+from mrtf.refinery.neighbour_vote import final_probs
 
 KW = {"in_channels": 1, "image_size": 8}
 
@@ -63,5 +65,10 @@ def test_a_new_domain_is_adapted_on_the_feature_shift_alone(parties):
     assert set(r.branch.start.information) == {"θ_{t+1}", "the vote's student"}
     assert r.branch.start.kept in r.branch.start.information
     assert "kept" in r.branch.line() and r.to_dict()["branch"]["start"]["kept"]
+    # the labels are the kept model's own neighbour vote, the ones the choice scored
+    assert label_information(r.probs) == pytest.approx(r.branch.start.information[
+        r.branch.start.kept])
+    again, _ = final_probs(r.model, ArraySource(greyed), r.config.vote_k)
+    np.testing.assert_allclose(again, r.probs, atol=1e-5)
     d = r.to_dict()["novelty"]
     assert d["by"] == "feature shift" and d["feature_shift"] == r.novelty.feature_shift

@@ -125,8 +125,9 @@ class Adaptive(Distilled):
             if not adapts_from_both_starts(start, state.num_local):
                 return adapt_student(start, state.source, state.config, state.dev,
                                      state.spilled)
-            model, choice = adapt_both_starts(start, state.source, state.targets, state.config,
-                                              state.dev, state.spilled)
-            state.branch = replace(state.branch, start=choice)
-            return model
+            kept = adapt_both_starts(start, state.source, state.targets, state.config,
+                                     state.dev, state.spilled)
+            state.branch = replace(state.branch, start=kept.choice)
+            state.labels = kept.labels  # scored already: the report need not vote again
+            return kept.model
         return distil_student(start, state.source, state.targets, state.config, state.dev)
