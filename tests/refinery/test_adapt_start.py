@@ -18,6 +18,7 @@ from mrtf.refinery.adapt_start import (
     VOTE_STUDENT,
     StartChoice,
     choose_start,
+    label_diversity,
     label_information,
 )
 from mrtf.refinery.config import RefineConfig
@@ -73,6 +74,28 @@ def test_a_lead_under_the_tie_margin_keeps_the_first_start() -> None:
     near, far = mixed(0.5 * margin), mixed(2 * margin)
     assert choose_start({AVERAGE: near, VOTE_STUDENT: spread}).kept == AVERAGE
     assert choose_start({AVERAGE: far, VOTE_STUDENT: spread}).kept == VOTE_STUDENT
+
+
+def test_diversity_is_the_spread_of_the_labels() -> None:
+    assert label_diversity(_onehot(np.arange(1000) % 10)) == pytest.approx(math.log(10))
+    assert label_diversity(_onehot(np.arange(100) % 2)) == pytest.approx(math.log(2))
+    assert label_diversity(np.full((50, 10), 0.1)) == pytest.approx(math.log(10))
+    with pytest.raises(ValueError, match="M, C"):
+        label_diversity(np.zeros(10))
+
+
+def test_a_lead_in_information_from_confidence_alone_does_not_switch() -> None:
+    """The student is surer of its labels but merged two classes (every "7" called "9"): it
+    leads in information, trails in diversity, and θ_{t+1} is kept. The same sure labels
+    without the merge lead in both and are kept."""
+    truth = np.arange(1000) % 10
+    unsure = 0.6 * _onehot(truth) + 0.04  # θ_{t+1}: right, less sure
+    merged = _onehot(np.where(truth == 7, 9, truth))
+    c = choose_start({AVERAGE: unsure, VOTE_STUDENT: merged})
+    assert c.information[VOTE_STUDENT] > c.information[AVERAGE] + TIE * math.log(10)
+    assert c.diversity[VOTE_STUDENT] < c.diversity[AVERAGE] - TIE * math.log(10)
+    assert c.kept == AVERAGE and "diversity" in c.line()
+    assert choose_start({AVERAGE: unsure, VOTE_STUDENT: _onehot(truth)}).kept == VOTE_STUDENT
 
 
 def test_both_starts_are_adapted_and_the_chosen_model_is_returned(monkeypatch) -> None:
