@@ -117,8 +117,8 @@ def adapt_both_starts(average: nn.Module, source, targets: np.ndarray, config: R
     """The adapt branch with a vote to distil (more than one party): ``average`` (θ_{t+1})
     adapted as it is, and a copy of it first distilled to ``targets`` (the vote's student)
     then adapted; the one whose labels (after the neighbour vote) carry more information
-    about the target is kept (adapt_start.py), with the choice and its labels. ``average`` is
-    adapted in place."""
+    about the target, and are no less diverse, is kept (adapt_start.py), with the choice
+    and its labels. ``average`` is adapted in place."""
     student = distil_student(copy.deepcopy(average), source, targets, config, dev)
     adapted = {AVERAGE: adapt_student(average, source, config, dev, streaming),
                VOTE_STUDENT: adapt_student(student, source, config, dev, streaming)}

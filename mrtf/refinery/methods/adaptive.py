@@ -12,7 +12,8 @@ neighbour vote. Its steps, as README "How adaptive works" numbers them, and wher
 5. vote or adapt: a target new to the parties (their novelty signal: loss claims, and
    BatchNorm statistics where the models have them), or one party only
    → θ_{t+1} adapted with SHOT and settled, and (BatchNorm, several parties) also the vote's
-   student; the labels with more information kept (:meth:`Adaptive.evidence`, novelty.py,
+   student; the labels with more information, no less spread, kept
+                                                 (:meth:`Adaptive.evidence`, novelty.py,
                                                   feature_shift.py, adapt_start.py,
                                                   :meth:`Adaptive.fit`, branch_choice.py,
                                                   fit.py, shot.py)
