@@ -3,9 +3,10 @@
 The default on cached received sets (bench/standard_digits.py's ``<out>/received/<cell>``),
 forced onto the adapt branch, adapting both starts (θ_{t+1} as it is, and the vote's student:
 θ_{t+1} distilled to the consensus first), each settled. For each start the labels' accuracy
-(read here, with y) and their information I = H(mean p) - mean H(p) (the default's choice,
-no y); "kept" is the start the default keeps. One JSON line per cell in ``--out``; cells
-already there are skipped, so a stopped run loses nothing.
+(read here, with y), their information I = H(mean p) - mean H(p) and their diversity
+H(mean p) (what the default chooses by, no y); "kept" is the start the default keeps. One
+JSON line per cell in ``--out``; cells already there are skipped, so a stopped run loses
+nothing.
 
     OMP_NUM_THREADS=1 MRTF_DATA=../shared/data python bench/studies/adapt_start.py \\
         runs/standard_digits/received/mnist-usps-k10-dir0.1-shot-E10-s2 --out runs/adapt_start.jsonl
@@ -65,7 +66,7 @@ def run_cell(cell: Path) -> dict:
                          "a network without BatchNorm: fit.adapts_from_both_starts)")
     return {"cell": cell.name, "seed": seed, "kept": start.kept,
             "accuracy": {k: float((p.argmax(1) == y).mean()) for k, p in seen.items()},
-            "information": start.information,
+            "information": start.information, "diversity": start.diversity,
             "default_novelty_adapts": res.novelty.adapt,
             "labels_accuracy": float((res.probs.argmax(1) == y).mean()),
             "seconds": time.perf_counter() - t0, "threads": torch.get_num_threads()}
