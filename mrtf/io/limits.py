@@ -10,6 +10,8 @@ exhaust a workstation.
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import os
 import stat
@@ -145,20 +147,37 @@ def reference_shapes(arch: str, num_classes: int, kwargs: dict[str, Any]
                      ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """Key → (shape, dtype) of the architecture's state dict, built on the meta device: no
     memory is allocated, so a file asking for a huge model costs nothing to refuse."""
-    from mrtf.models import build_model
-
     check_arch_kwargs(arch, kwargs)
     if ":" in arch:  # trusted local code may not run on the meta device: build it for real
-        model = build_model(arch, num_classes, **kwargs)
-    else:
-        with torch.device("meta"):
-            model = build_model(arch, num_classes, **kwargs)
+        return dict(_shapes_of_built(arch, num_classes, kwargs))
+    # the parties of one round share one zoo architecture: it is built once, not once per
+    # bundle (a meta-device build of a zoo LeNet took ~45 ms, most of a 10-party load); user
+    # code is built each time, since a module of the same name may change between calls
+    return dict(_zoo_shapes(arch, num_classes, json.dumps(kwargs, sort_keys=True)))
+
+
+@functools.lru_cache(maxsize=16)
+def _zoo_shapes(arch: str, num_classes: int, kwargs_json: str
+                ) -> tuple[tuple[str, tuple[tuple[int, ...], torch.dtype]], ...]:
+    """A zoo architecture's shapes, built on the meta device (kwargs already checked, as
+    JSON text: hashable)."""
+    with torch.device("meta"):
+        return _shapes_of_built(arch, num_classes, json.loads(kwargs_json))
+
+
+def _shapes_of_built(arch: str, num_classes: int, kwargs: dict[str, Any]
+                     ) -> tuple[tuple[str, tuple[tuple[int, ...], torch.dtype]], ...]:
+    """The state dict's (key, (shape, dtype)) of the architecture built where the caller is
+    (on the meta device or for real); too many parameters are refused."""
+    from mrtf.models import build_model
+
+    model = build_model(arch, num_classes, **kwargs)
     state = model.state_dict()
     total = sum(t.numel() for t in state.values())
     if total > MAX_PARAMS:
         raise InputError(f"{arch!r} with {kwargs} and {num_classes} classes has "
                          f"{total:,} parameters, more than the {MAX_PARAMS:,} allowed")
-    return {k: (tuple(t.shape), t.dtype) for k, t in state.items()}
+    return tuple((k, (tuple(t.shape), t.dtype)) for k, t in state.items())
 
 
 def bounded_float(value: float, name: str, low: float, high: float) -> float:
