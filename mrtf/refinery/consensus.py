@@ -75,8 +75,10 @@ class Votes(Protocol):
         """Σ_x T(x, c) V_v(x, a) of one block for every view: [(C, A_v)]."""
         ...
 
-    def split(self, block: Any) -> list[np.ndarray]:
-        """A block's votes view by view, [(rows, A_v)] (consensus_torch.py moves them)."""
+    def stored(self, s: int, e: int) -> list[np.ndarray]:
+        """The votes of rows [s, e) view by view, [(rows, A_v)], in the dtype they are kept
+        in (a spill's float32: half the bytes to move; consensus_torch.py widens them on the
+        device, which is exact)."""
         ...
 
 
@@ -106,8 +108,8 @@ class MemoryVotes:
     def cross(self, t: np.ndarray, block: list[np.ndarray]) -> list[np.ndarray]:
         return [t.T @ v for v in block]
 
-    def split(self, block: list[np.ndarray]) -> list[np.ndarray]:
-        return block
+    def stored(self, s: int, e: int) -> list[np.ndarray]:
+        return self.read(s, e)
 
 
 def statistics(votes: Votes, post: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from mrtf.compute.softmax_rows import on_device
 from mrtf.device import pick_device
 from mrtf.refinery.consensus import Consensus, Votes, em
 
@@ -36,13 +37,14 @@ def em_on(votes: Votes, post: np.ndarray, weights: Sequence[float],
 
 def device_views(votes: Votes, m: int, device: torch.device) -> list[torch.Tensor]:
     """Every view's votes (M, A_v) as float64 tensors on ``device``, read block by block
-    (``votes.split`` gives a block's views one by one)."""
+    (``votes.stored`` gives a block's views one by one, as kept: moved in float32 from a
+    spill and widened on the device, the same numbers as the host's float64 copy)."""
     parts: list[list[torch.Tensor]] = []
     for s, e in votes.blocks(m):
-        for v, a in enumerate(votes.split(votes.read(s, e))):
+        for v, a in enumerate(votes.stored(s, e)):
             if v == len(parts):
                 parts.append([])
-            parts[v].append(torch.from_numpy(np.ascontiguousarray(a, np.float64)).to(device))
+            parts[v].append(on_device(a, device))
     return [torch.cat(p) for p in parts]
 
 

@@ -7,20 +7,31 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import numpy as np
+import torch
 
+from mrtf.compute.softmax_rows import stabilized_softmax, teacher_stds
 from mrtf.refinery.config import REF_STD_BATCH, RefineConfig
 from mrtf.refinery.registry import get_method
-from mrtf.refinery.teachers import _softmax_np, global_stds, stabilized_probs
+from mrtf.refinery.teachers import STD_BLOCK, _softmax_np, global_stds, stabilized_probs
 
 TARGET_CHUNK = 16 * REF_STD_BATCH  # samples per block; a multiple of the reference std block
 
 
-def stabilized_blocks(logits, config: RefineConfig) -> Iterator[tuple[int, np.ndarray]]:
+def stabilized_blocks(logits, config: RefineConfig, device: torch.device | None = None
+                      ) -> Iterator[tuple[int, np.ndarray]]:
     """Yield ``(start, q (K, m, C))`` of Eq. 6 block by block: the std is over all samples
     and classes (one global pass per teacher), the softmax per block, so memory stays at the
     (K, M, C) logits plus one block instead of several (K, M, C) float64 temporaries. Block
-    s + 1 is read only after block s is yielded: a caller may write q over block s."""
+    s + 1 is read only after block s is yielded: a caller may write q over block s.
+    ``device`` other than the CPU: the paper variant's arithmetic in torch there
+    (compute.softmax_rows; numpy on the CPU)."""
     k_all, m = logits.shape[:2]
+    if config.variant == "paper" and device is not None and torch.device(device).type != "cpu":
+        dev = torch.device(device)
+        stds = teacher_stds(logits, STD_BLOCK, dev)
+        for s in range(0, m, TARGET_CHUNK):
+            yield s, stabilized_softmax(logits[:, s:s + TARGET_CHUNK], config.tau, stds, dev)
+        return
     if config.variant == "paper":
         stds = global_stds(logits)  # block-wise: the same numbers for a spilled array
         for s in range(0, m, TARGET_CHUNK):

@@ -51,7 +51,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
+from mrtf.compute.softmax_rows import agreeing_pairs, entropy_sums
 from mrtf.refinery.feature_shift import FEATURE_SHIFT, FeatureShift
 
 #: H - L (nats) above which the target counts as new to the parties (chosen on the runs above)
@@ -112,12 +114,16 @@ class Novelty:
                 **{k: v for k, v in d.items() if k not in first}}
 
 
-def mean_entropies(logits, k: int, block_bytes: int = 2**25) -> np.ndarray:
+def mean_entropies(logits, k: int, block_bytes: int = 2**25,
+                   device: torch.device | None = None) -> np.ndarray:
     """Mean entropy (nats) of softmax(logits) over the target, per model, (k,) float64.
     logits: (K, M, C) or anything indexed ``a[:k, s:e]`` like it (the streaming path's
-    spill), read in blocks of about ``block_bytes`` of float64 (memory flat in M)."""
+    spill), read in blocks of about ``block_bytes`` of float64 (memory flat in M).
+    ``device`` other than the CPU: the same sums in torch there (compute.softmax_rows)."""
     m, c = logits.shape[1], logits.shape[2]
     block = max(1, block_bytes // (8 * max(1, k) * c))
+    if _off_cpu(device):
+        return entropy_sums(logits, k, block, torch.device(device)) / max(1, m)
     total = np.zeros(k)
     for s in range(0, m, block):
         z = np.asarray(logits[:k, s:s + block], dtype=np.float64)
@@ -127,13 +133,16 @@ def mean_entropies(logits, k: int, block_bytes: int = 2**25) -> np.ndarray:
     return total / max(1, m)
 
 
-def mean_agreement(logits, k: int, block_bytes: int = 2**25) -> float:
+def mean_agreement(logits, k: int, block_bytes: int = 2**25,
+                   device: torch.device | None = None) -> float:
     """Mean over the pairs of the first k models of the fraction of the target on which their
     labels (argmax) agree; 1.0 for one model. Read in blocks like :func:`mean_entropies`."""
     m, c = logits.shape[1], logits.shape[2]
     if k < 2 or not m:
         return 1.0
     block = max(1, block_bytes // (8 * k * c))
+    if _off_cpu(device):
+        return agreeing_pairs(logits, k, block, torch.device(device)) / (m * k * (k - 1) / 2)
     same = 0.0
     for s in range(0, m, block):
         labels = np.asarray(logits[:k, s:s + block]).argmax(2)  # (k, b)
@@ -142,19 +151,25 @@ def mean_agreement(logits, k: int, block_bytes: int = 2**25) -> float:
     return same / (m * k * (k - 1) / 2)
 
 
+def _off_cpu(device: torch.device | str | None) -> bool:
+    return device is not None and torch.device(device).type != "cpu"
+
+
 def target_novelty(local_logits, train_losses: Sequence[float | None],
                    gap: float = NOVELTY_GAP, num_local: int | None = None,
-                   shift: FeatureShift | None = None) -> Novelty:
+                   shift: FeatureShift | None = None,
+                   device: torch.device | None = None) -> Novelty:
     """Novelty of the target for the local models: local_logits (K, M, C) (or anything
     indexed like it, see :func:`mean_entropies`) whose first ``num_local`` (default: all)
     are the local models, train_losses the losses the parties reported
     (None: not reported; with the trust layer, only the trusted parties' claims), ``shift``
     the same models' BatchNorm feature shift (feature_shift.py; None or no reading: the loss
-    gap alone). The rule: the module docstring. Pure; y is never read."""
+    gap alone). The rule: the module docstring. Pure; y is never read. ``device``: where the
+    logits are read (the CPU: numpy)."""
     k = local_logits.shape[0] if num_local is None else num_local
-    h = float(np.median(mean_entropies(local_logits, k))) if k else 0.0
+    h = float(np.median(mean_entropies(local_logits, k, device=device))) if k else 0.0
     fs = shift.shift if shift is not None and k else None
-    agree = mean_agreement(local_logits, k) if fs is not None else None
+    agree = mean_agreement(local_logits, k, device=device) if fs is not None else None
     by_shift = bool(shift is not None and shift.shifted and agree is not None
                     and agree >= MIN_AGREEMENT)
     reported = [float(x) for x in train_losses if x is not None and np.isfinite(x)]

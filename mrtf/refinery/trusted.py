@@ -42,7 +42,7 @@ def local_signals(state) -> Signals | None:
     if k == 0:
         return None
     signals = Signals.from_logits(state.logits.view, state.before, state.before,
-                                  state.storage.signals_block, k)
+                                  state.storage.signals_block, k, state.dev)
     signals.neighbours = target_neighbours(state.source, device=state.dev)
     return signals
 

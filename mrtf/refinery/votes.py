@@ -186,11 +186,16 @@ class BlockViews:
         out = [both[:, i:i + c] for i in range(0, both.shape[1], c)]
         return out + ([t.T @ hot] if hot is not None else [])
 
-    def split(self, block: tuple) -> list[np.ndarray]:
-        votes, hot, _ = block
-        c = self.probs.shape[2]
-        out = [votes[:, i:i + c] for i in range(0, votes.shape[1], c)]
-        return out + ([hot] if hot is not None else [])
+    def stored(self, s: int, e: int) -> list[np.ndarray]:
+        """The live sources' float32 rows of the spill, source by source, and the cluster
+        view one-hot in float32 (0 and 1: exact)."""
+        block = self.raw(s, e)
+        out = [block[:, i] for i in self.live]
+        if self.assign is not None:
+            hot = np.zeros((len(block), self.clusters), dtype=np.float32)
+            hot[np.arange(len(block)), self.assign[s:e]] = 1.0
+            out.append(hot)
+        return out
 
     def with_clusters(self, assign: np.ndarray, n: int) -> BlockViews:
         return BlockViews(self.probs, self.live, assign, n, self.post)

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from mrtf.trust.neighbours import label_consistency
+from mrtf.trust.signals_torch import tallies_torch
 
 #: feature names, in the order of COEF (per sample, then per cell); logit(p) = log p/(1-p)
 FEATURES = ("logit refined p(label)", "logit parties' mean p(label)",
@@ -115,38 +116,53 @@ class Signals:
     @classmethod
     def from_logits(cls, local_logits: np.ndarray, averaged: np.ndarray,
                     consensus: np.ndarray, block: int | None = None,
-                    models: int | None = None) -> Signals:
+                    models: int | None = None, device: torch.device | None = None
+                    ) -> Signals:
         """local_logits (K, M, C) of the local models, or anything indexed ``a[:k, s:e]`` that
         returns such a block (the streaming path's spill, read ``block`` rows at a time, whose
-        first ``models`` teachers are the local models); averaged, consensus (M, C)."""
-        k, m, c = local_logits.shape
+        first ``models`` teachers are the local models); averaged, consensus (M, C).
+        ``device`` other than the CPU: the same tallies in torch there (signals_torch.py)."""
+        k, m, _ = local_logits.shape
         k = k if models is None else models
         block = m if block is None else block
-        votes = np.zeros((m, c), dtype=np.float32)
-        mean = np.zeros((m, c), dtype=np.float32)  # summed in float64 block by block
-        conf_sum = np.zeros(k)
-        same = np.zeros((k, k))
-        for s in range(0, m, block):
-            rows = local_logits[:k, s:s + block]
-            n = rows.shape[1]
-            picks = []
-            acc = np.zeros((n, c))
-            for i in range(k):  # one model at a time: no (K, M, C) float64 temporary
-                p = _softmax(rows[i])
-                pick = p.argmax(1)
-                votes[s + np.arange(n), pick] += 1.0 / k
-                acc += p / k
-                conf_sum[i] += float(p.max(1).sum())
-                picks.append(pick)
-            mean[s:s + n] = acc
-            for i in range(k):
-                for j in range(i + 1, k):
-                    same[i, j] += float((picks[i] == picks[j]).sum())
+        if device is None or torch.device(device).type == "cpu":
+            votes, mean, conf_sum, same = _tallies(local_logits, k, block)
+        else:
+            votes, mean, conf_sum, same = tallies_torch(local_logits, k, block,
+                                                        torch.device(device))
         conf = float(np.sum(conf_sum / m) / k)
         pairs = [same[i, j] / m for i in range(k) for j in range(i + 1, k)]
         return cls(votes, mean, np.asarray(averaged, np.float32),
                    np.asarray(consensus, np.float32), conf,
                    float(np.mean(pairs)) if pairs else 1.0)
+
+
+def _tallies(local_logits, k: int, block: int
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The first k models' votes (M, C) and mean softmax (M, C) float32, each one's summed max
+    softmax (k,) and the pairs' agreeing-label counts (k, k), ``block`` rows at a time."""
+    m, c = local_logits.shape[1], local_logits.shape[2]
+    votes = np.zeros((m, c), dtype=np.float32)
+    mean = np.zeros((m, c), dtype=np.float32)  # summed in float64 block by block
+    conf_sum = np.zeros(k)
+    same = np.zeros((k, k))
+    for s in range(0, m, block):
+        rows = local_logits[:k, s:s + block]
+        n = rows.shape[1]
+        picks = []
+        acc = np.zeros((n, c))
+        for i in range(k):  # one model at a time: no (K, M, C) float64 temporary
+            p = _softmax(rows[i])
+            pick = p.argmax(1)
+            votes[s + np.arange(n), pick] += 1.0 / k
+            acc += p / k
+            conf_sum[i] += float(p.max(1).sum())
+            picks.append(pick)
+        mean[s:s + n] = acc
+        for i in range(k):
+            for j in range(i + 1, k):
+                same[i, j] += float((picks[i] == picks[j]).sum())
+    return votes, mean, conf_sum, same
 
 
 def features(probs: np.ndarray, s: Signals) -> np.ndarray:

@@ -3,7 +3,8 @@
 CUDA's presence is faked: ``torch.cuda.is_available`` says True, picking CUDA sets nothing
 process-wide (``reproducible_cuda`` stubbed), faiss-gpu is absent, and every torch-on-device
 entry point (CLR, the k-means view, the target neighbourhoods, the consensus' EM, the
-calibration's temperature fit) raises instead of running, so no CUDA call can happen. With
+calibration's temperature fit and signal tallies, the novelty's entropies and agreement, Eq. 6's
+softmax and std) raises instead of running, so no CUDA call can happen. With
 the refine's device "cpu" each call site must take the CPU path; given the device "cuda"
 (or nothing: CUDA when present) the same call reaches the device, which shows the fake is
 seen."""
@@ -19,6 +20,8 @@ import mrtf.compute.backend as bk
 import mrtf.device
 import mrtf.refinery.cluster_torch as ct
 import mrtf.refinery.consensus_torch as cth
+import mrtf.refinery.ensemble as ensemble
+import mrtf.refinery.novelty as novelty
 import mrtf.trust.calibration as cal
 import mrtf.trust.neighbours as tn
 from mrtf.compute.backend import Backend
@@ -53,6 +56,11 @@ def cuda_present(monkeypatch):
     monkeypatch.setattr(tn, "_device_neighbours", _refuse)
     monkeypatch.setattr(cth, "em_torch", _refuse)
     monkeypatch.setattr(cal, "temperature_torch", _refuse)
+    monkeypatch.setattr(cal, "tallies_torch", _refuse)
+    for name in ("entropy_sums", "agreeing_pairs"):
+        monkeypatch.setattr(novelty, name, _refuse)
+    for name in ("stabilized_softmax", "teacher_stds"):
+        monkeypatch.setattr(ensemble, name, _refuse)
     assert bk.choose_backend(None) == Backend("torch", CUDA)  # the fake is seen
 
 
@@ -156,3 +164,16 @@ def test_the_default_refine_stays_on_the_cpu(cuda_present, digits_federation):
         res = refine(load_received(received), src,
                      RefineConfig(steps=5, seed=0, progress=False, device="cpu"))
     assert res.probs.shape == (len(res.probs), 10) and res.consensus is not None
+
+
+def test_the_novelty_and_eq6_softmax_follow_the_refine_device(cuda_present, digits):
+    """The logit reads the issue moved to the device: numpy for "cpu", the device for CUDA."""
+    logits = np.log(digits[2] + 1e-6)
+    paper = RefineConfig(variant="paper")
+    cpu = torch.device("cpu")
+    assert novelty.target_novelty(logits, [0.5, 0.5, 0.5], device=cpu).target_entropy > 0
+    assert len(list(ensemble.stabilized_blocks(logits, paper, cpu))) == 1
+    with pytest.raises(MovedToDevice):
+        novelty.target_novelty(logits, [0.5, 0.5, 0.5], device=CUDA)
+    with pytest.raises(MovedToDevice):
+        next(ensemble.stabilized_blocks(logits, paper, CUDA))

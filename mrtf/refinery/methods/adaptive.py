@@ -74,7 +74,8 @@ class Adaptive(Distilled):
         state.timings["teachers"] += time.perf_counter() - t0
         state.novelty = target_novelty(state.logits.view,
                                        [m.meta.train_loss for m in state.used],
-                                       num_local=state.num_local, shift=shift)
+                                       num_local=state.num_local, shift=shift,
+                                       device=state.dev)
         state.branch = choose_branch(state.novelty, state.num_local)
 
     def choice(self, state: RefineState) -> str:
@@ -94,7 +95,7 @@ class Adaptive(Distilled):
         k, _, c = state.logits.view.shape
         stats = SourceStats(k, c, class_bias=config.class_prior in ("uniform", "auto"))
         # the generator reads block s+1 only after block s is written back: in place is safe
-        for s, q in stabilized_blocks(state.logits.view, config):
+        for s, q in stabilized_blocks(state.logits.view, config, state.dev):
             stats.add(q)
             state.logits.overwrite(s, q)
         state.adaptive = consensus_targets(state.logits.source_probs(), stats, ConsensusInputs(
