@@ -8,7 +8,8 @@
 #   scale     bench/scale.py --e2e --M 1000000 --K 10: wall, per-stage times, peak RSS (with
 #             PROFILE=1 the refine's cProfile: top calls in $OUT/profile.txt)
 #   device    the device-path tests first (their CUDA cases exist only where CUDA does): the
-#             torch EM and temperature against numpy, --device obeyed, the HDF5 read-ahead
+#             torch EM and temperature against numpy, the logit reads (softmax_rows, the
+#             signal tallies), --device obeyed, the HDF5 read-ahead
 #   tests     the suite on CUDA (pytest-xdist workers when installed), in what is left of
 #             BUDGET (at least 60 s); the slowest tests and the failures are printed
 #   teachers  bench/gpu_teachers.py (issue 14's teacher rates; not in the default list)
@@ -66,7 +67,8 @@ print('k-NN / k-means backend:', choose_backend(None))"
         tests/refinery/test_device_obeyed.py tests/io/test_read_ahead.py \
         tests/refinery/test_grouped.py tests/refinery/test_prefetch.py \
         tests/refinery/test_decision.py tests/compute/test_kmeans.py \
-        tests/refinery/test_feature_shift.py 2>&1 | tail -15 ;;
+        tests/refinery/test_feature_shift.py tests/compute/test_softmax_rows.py \
+        tests/trust/test_signals_torch.py tests/io/test_limits.py 2>&1 | tail -15 ;;
     compare)
       OMP_NUM_THREADS=$THREADS timeout $(left) python3 bench/scale.py --compare --M 20000 \
         --K 10 --threads "$THREADS" --dir "$SCALE_DIR" 2>&1 | tail -20
