@@ -71,3 +71,4 @@ def test_callers_keep_numpy_on_the_cpu(logits, monkeypatch):
     assert novelty.mean_entropies(logits, 2, device=cpu).shape == (2,)
     assert 0 < novelty.mean_agreement(logits, 4, device="cpu") <= 1
     assert len(list(stabilized_blocks(logits, RefineConfig(variant="paper"), cpu))) == 2
+

@@ -4,7 +4,7 @@ CUDA's presence is faked: ``torch.cuda.is_available`` says True, picking CUDA se
 process-wide (``reproducible_cuda`` stubbed), faiss-gpu is absent, and every torch-on-device
 entry point (CLR, the k-means view, the target neighbourhoods, the consensus' EM, the
 calibration's temperature fit and signal tallies, the novelty's entropies and agreement, Eq. 6's
-softmax and std) raises instead of running, so no CUDA call can happen. With
+softmax, std and per-source statistics) raises instead of running, so no CUDA call can happen. With
 the refine's device "cpu" each call site must take the CPU path; given the device "cuda"
 (or nothing: CUDA when present) the same call reaches the device, which shows the fake is
 seen."""
@@ -61,6 +61,7 @@ def cuda_present(monkeypatch):
         monkeypatch.setattr(novelty, name, _refuse)
     for name in ("stabilized_softmax", "teacher_stds"):
         monkeypatch.setattr(ensemble, name, _refuse)
+    monkeypatch.setattr(SourceStats, "_add_on_device", _refuse)
     assert bk.choose_backend(None) == Backend("torch", CUDA)  # the fake is seen
 
 

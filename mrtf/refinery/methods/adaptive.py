@@ -93,7 +93,7 @@ class Adaptive(Distilled):
         config, plan = state.config, state.plan
         assert plan is not None
         k, _, c = state.logits.view.shape
-        stats = SourceStats(k, c, class_bias=config.class_prior in ("uniform", "auto"))
+        stats = SourceStats(k, c, config.class_prior in ("uniform", "auto"), state.dev)
         # the generator reads block s+1 only after block s is written back: in place is safe
         for s, q in stabilized_blocks(state.logits.view, config, state.dev):
             stats.add(q)
