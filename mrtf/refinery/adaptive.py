@@ -258,7 +258,7 @@ def measured_consensus(votes, nl: int, weights: list[float],
     0.627 mean target accuracy; the votes are not independent given the class, as the model
     assumes, so its likelihood is a poor judge.) EM runs on ``device`` (consensus_torch.py;
     numpy on the CPU)."""
-    post, bar = votes.start(nl)
+    post, bar = votes.start(nl, device)
     out = em_on(votes.votes(), post, weights, device)
     if out.mean_max_posterior >= bar:
         return out

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
+import torch
 
 
 @dataclass
@@ -75,10 +76,9 @@ class Votes(Protocol):
         """Σ_x T(x, c) V_v(x, a) of one block for every view: [(C, A_v)]."""
         ...
 
-    def stored(self, s: int, e: int) -> list[np.ndarray]:
-        """The votes of rows [s, e) view by view, [(rows, A_v)], in the dtype they are kept
-        in (a spill's float32: half the bytes to move; consensus_torch.py widens them on the
-        device, which is exact)."""
+    def on_device(self, device: torch.device) -> list[torch.Tensor]:
+        """Every view's votes (M, A_v) as float64 tensors on ``device`` (consensus_torch.py's
+        EM); a storage may keep them there for the next EM on the same votes."""
         ...
 
 
@@ -108,8 +108,8 @@ class MemoryVotes:
     def cross(self, t: np.ndarray, block: list[np.ndarray]) -> list[np.ndarray]:
         return [t.T @ v for v in block]
 
-    def stored(self, s: int, e: int) -> list[np.ndarray]:
-        return self.read(s, e)
+    def on_device(self, device: torch.device) -> list[torch.Tensor]:
+        return [torch.from_numpy(v).to(device) for v in self.views]
 
 
 def statistics(votes: Votes, post: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:

@@ -20,7 +20,6 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from mrtf.compute.softmax_rows import on_device
 from mrtf.device import pick_device
 from mrtf.refinery.consensus import Consensus, Votes, em
 
@@ -33,19 +32,6 @@ def em_on(votes: Votes, post: np.ndarray, weights: Sequence[float],
     if dev.type == "cpu":
         return em(votes, post, weights)
     return em_torch(votes, post, weights, dev)
-
-
-def device_views(votes: Votes, m: int, device: torch.device) -> list[torch.Tensor]:
-    """Every view's votes (M, A_v) as float64 tensors on ``device``, read block by block
-    (``votes.stored`` gives a block's views one by one, as kept: moved in float32 from a
-    spill and widened on the device, the same numbers as the host's float64 copy)."""
-    parts: list[list[torch.Tensor]] = []
-    for s, e in votes.blocks(m):
-        for v, a in enumerate(votes.stored(s, e)):
-            if v == len(parts):
-                parts.append([])
-            parts[v].append(on_device(a, device))
-    return [torch.cat(p) for p in parts]
 
 
 def _confusions(cross: list[torch.Tensor], smoothing: float) -> list[torch.Tensor]:
@@ -66,7 +52,7 @@ def em_torch(votes: Votes, post: np.ndarray, weights: Sequence[float],
     the final posterior in place (the returned Consensus' posterior, on the host)."""
     dev = torch.device(device)
     m = len(post)
-    views = device_views(votes, m, dev)
+    views = votes.on_device(dev)
     w = [float(x) for x in weights]
     p = torch.from_numpy(np.ascontiguousarray(post, np.float64)).to(dev)
     mass, cross = p.sum(0), [p.T @ v for v in views]

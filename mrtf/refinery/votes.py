@@ -97,7 +97,8 @@ class ModelVotes(Protocol):
 
     def votes(self) -> Votes: ...
 
-    def start(self, nl: int) -> tuple[np.ndarray, float]: ...
+    def start(self, nl: int, device: torch.device | None = None
+              ) -> tuple[np.ndarray, float]: ...
 
     def fallback(self, log_likelihood: float) -> Consensus: ...
 
@@ -119,9 +120,10 @@ class MemoryModelVotes:
     def votes(self) -> MemoryVotes:
         return MemoryVotes(self.views)
 
-    def start(self, nl: int) -> tuple[np.ndarray, float]:
+    def start(self, nl: int, device: torch.device | None = None
+              ) -> tuple[np.ndarray, float]:
         """The local models' AvgProb (all models' when none is local), normalised as EM
-        starts, and its mean max (the bar EM must clear)."""
+        starts, and its mean max (the bar EM must clear); numpy wherever the EM runs."""
         self._init = np.mean(self.models[:nl] if nl else self.models, axis=0)
         post = np.asarray(self._init, dtype=np.float64)
         return post / post.sum(1, keepdims=True), float(self._init.max(1).mean())
@@ -161,10 +163,14 @@ class BlockViews:
     order); the cluster view's is a row gather (its votes are one-hot)."""
 
     def __init__(self, probs, live: Sequence[int], assign: np.ndarray | None = None,
-                 clusters: int = 0, post: np.ndarray | None = None) -> None:
+                 clusters: int = 0, post: np.ndarray | None = None,
+                 moved: dict | None = None) -> None:
         self.probs, self.live, self.assign, self.clusters = probs, list(live), assign, clusters
         self.post = post  # the posterior buffer (M, C) float64, shared by with_clusters
         self._nl = 0  # the local models among the live sources, as start() was told
+        # device → the live sources' views there, shared by with_clusters: the spill is read
+        # once for a consensus' start and both its EMs, not once for each (issue 36)
+        self._moved: dict = {} if moved is None else moved
 
     def blocks(self, m: int) -> Iterable[tuple[int, int]]:
         return [(s, s + BLOCK) for s in range(0, m, BLOCK)]
@@ -205,29 +211,33 @@ class BlockViews:
         out = [both[:, i:i + c] for i in range(0, both.shape[1], c)]
         return out + ([t.T @ hot] if hot is not None else [])
 
-    def stored(self, s: int, e: int) -> list[np.ndarray]:
-        """The live sources' float32 rows of the spill, source by source, and the cluster
-        view one-hot in float32 (0 and 1: exact)."""
-        block = self.raw(s, e)
-        out = [block[:, i] for i in self.live]
+    def on_device(self, device: torch.device) -> list[torch.Tensor]:
+        """The live sources' views (M, C) float64 on ``device``, moved once (in their float32
+        and widened there: exact), then the cluster view's one-hot made there."""
+        if device not in self._moved:
+            self._moved[device] = _views_to(self, torch.device(device))
+        out = list(self._moved[device])
         if self.assign is not None:
-            hot = np.zeros((len(block), self.clusters), dtype=np.float32)
-            hot[np.arange(len(block)), self.assign[s:e]] = 1.0
-            out.append(hot)
+            hot = torch.nn.functional.one_hot(torch.from_numpy(self.assign).to(device),
+                                              self.clusters)
+            out.append(hot.to(torch.float64))
         return out
 
     def with_clusters(self, assign: np.ndarray, n: int) -> BlockViews:
-        return BlockViews(self.probs, self.live, assign, n, self.post)
+        return BlockViews(self.probs, self.live, assign, n, self.post, self._moved)
 
     def votes(self) -> BlockViews:
         return self
 
-    def start(self, nl: int) -> tuple[np.ndarray, float]:
+    def start(self, nl: int, device: torch.device | None = None) -> tuple[np.ndarray, float]:
         m, c = self.probs.shape[0], self.probs.shape[2]
         if self.post is None:
             self.post = np.empty((m, c), dtype=np.float64)
         self._nl = nl
-        return self.post, _init(self, nl, m, self.post)
+        if device is None or torch.device(device).type == "cpu":
+            return self.post, _init(self, nl, m, self.post)
+        views = self.on_device(torch.device(device))[:len(self.live)]
+        return self.post, _init_from(views[:nl] if nl else views, self.post)
 
     def fallback(self, log_likelihood: float) -> Consensus:
         assert self.post is not None, "start() first"
@@ -251,6 +261,30 @@ def _init(views: BlockViews, nl: int, m: int, post: np.ndarray, normalise: bool 
         p = init.astype(np.float64)
         post[s:s + BLOCK] = p / p.sum(1, keepdims=True) if normalise else p
     return top / m
+
+
+def _views_to(views: BlockViews, device: torch.device) -> list[torch.Tensor]:
+    """The live sources' (M, C) float32 rows of the spill as float64 tensors on ``device``,
+    read by blocks."""
+    parts: list[list[torch.Tensor]] = [[] for _ in views.live]
+    for s, e in views.blocks(views.probs.shape[0]):
+        block = torch.from_numpy(np.ascontiguousarray(views.raw(s, e))).to(device)
+        for j, i in enumerate(views.live):
+            parts[j].append(block[:, i].to(torch.float64))
+    return [torch.cat(p) for p in parts]
+
+
+def _init_from(views: list[torch.Tensor], post: np.ndarray) -> float:
+    """:func:`_init` from the sources' views on a device: the same float32 additions in the
+    same order (the views hold float32 values), so post gets the same start up to the last
+    bit of the row sums; returns the mean max."""
+    acc = views[0].to(torch.float32)
+    for v in views[1:]:
+        acc += v.to(torch.float32)
+    init = acc / len(views)
+    p = init.to(torch.float64)
+    post[...] = (p / p.sum(1, keepdim=True)).cpu().numpy()
+    return float(init.amax(1).to(torch.float64).sum()) / max(1, len(post))
 
 
 def dawid_skene_blocks(views: BlockViews, post: np.ndarray, weights: Sequence[float],

@@ -94,3 +94,38 @@ def test_em_on_the_cpu_is_numpy_itself(views, monkeypatch):
     want = em(MemoryVotes(probs), _start(probs), [1, 1, 1])
     np.testing.assert_array_equal(got.posterior, want.posterior)
     assert got.log_likelihood == want.log_likelihood
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_spilled_start_on_the_device_and_one_read(views, device, monkeypatch):
+    """The start from the views on a device (votes._init_from) is numpy's (the same float32
+    means; the row sums to the last bit) with its bar; the spill is read once for both EMs
+    (the models' and, with the cluster view, the second) and, on CUDA, for the start too
+    (BlockViews.start there starts from the views the EM uses)."""
+    monkeypatch.setattr(votes_mod, "BLOCK", 500)
+    probs, clusters = views
+    spill = np.stack(probs, axis=1)
+    reads = []
+    dev = torch.device(device)
+
+    class Counting(BlockViews):
+        def raw(self, s, e):
+            reads.append(s)
+            return super().raw(s, e)
+
+    for nl in (2, 0):
+        want_post, want_bar = BlockViews(spill, [0, 1, 2]).start(nl)
+        reads.clear()
+        bv = Counting(spill, [0, 1, 2])
+        moved = bv.on_device(dev)
+        post = np.empty_like(want_post)
+        bar = votes_mod._init_from(moved[:nl] if nl else moved, post)
+        np.testing.assert_allclose(post, want_post, rtol=2e-16, atol=0)
+        assert bar == pytest.approx(want_bar, rel=1e-12)
+        if device != "cpu":  # on the CPU, start() is numpy's and reads the spill itself
+            post, bar2 = bv.start(nl, dev)
+            assert bar2 == bar
+        cth.em_torch(bv.votes(), post, [1.0, 1.0, 1.0], dev)
+        clustered = bv.with_clusters(clusters.argmax(1), 20)
+        cth.em_torch(clustered.votes(), post, [1.0, 1.0, 1.0, 0.5], dev)
+        assert len(reads) == -(-len(spill) // 500)  # the views stayed on the device
