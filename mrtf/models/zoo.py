@@ -41,6 +41,8 @@ def norm_layer(kind: str, channels: int) -> nn.Module:
 def init_weights(module: nn.Module) -> None:
     """Conv: Kaiming-normal (fan_out) as in the reference. Linear: PyTorch's default, because the
     reference's N(0, 0.01) stalls training (docs/reference-code.md, measured)."""
+    if _on_meta(module):  # shapes only (io.limits): a meta init imports torch._dynamo, ~1.5 s
+        return
     for m in module.modules():
         if isinstance(m, nn.Conv2d):
             nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
@@ -49,12 +51,59 @@ def init_weights(module: nn.Module) -> None:
 
 
 def _flat_dim(body: nn.Module, in_channels: int, image_size: int) -> int:
+    """The body's flattened output size for one image. A body on the meta device (built so by
+    io.limits.reference_shapes) is sized by the layers' own arithmetic: a meta forward
+    imports torch's symbolic-shape machinery (sympy), 1.5 s of a refine's start-up."""
+    if _on_meta(body):
+        size = _sized(body, in_channels, image_size)
+        if size is not None:
+            return size
     with torch.no_grad():
         was_training = body.training
         body.eval()
         out = body(torch.zeros(1, in_channels, image_size, image_size))
         body.train(was_training)
     return int(out.flatten(1).shape[1])
+
+
+def _on_meta(module: nn.Module) -> bool:
+    return any(p.is_meta for p in module.parameters())
+
+
+#: layers that keep (channels, height, width)
+_SAME_SHAPE = (nn.ReLU, nn.Dropout, nn.Dropout2d, nn.BatchNorm2d, nn.GroupNorm, nn.Identity,
+               nn.Flatten)
+
+
+def _sized(body: nn.Module, channels: int, size: int) -> int | None:
+    """channels × height × width after ``body``'s convolutions and poolings (PyTorch's output
+    size formula), or None for a layer it does not know (the caller then runs a forward)."""
+    h = w = size
+    for layer in body.children():
+        if isinstance(layer, nn.Conv2d) and isinstance(layer.padding, tuple):
+            channels = layer.out_channels
+            h, w = (_out(n, layer.kernel_size[i], layer.stride[i], layer.padding[i],
+                         layer.dilation[i], False) for i, n in enumerate((h, w)))
+        elif isinstance(layer, nn.MaxPool2d):
+            k, st = _pair(layer.kernel_size), _pair(layer.stride or layer.kernel_size)
+            p, d = _pair(layer.padding), _pair(layer.dilation)
+            h, w = (_out(n, k[i], st[i], p[i], d[i], layer.ceil_mode)
+                    for i, n in enumerate((h, w)))
+        elif not isinstance(layer, _SAME_SHAPE):
+            return None
+    return channels * h * w
+
+
+def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
+    return v if isinstance(v, tuple) else (v, v)
+
+
+def _out(n: int, k: int, stride: int, pad: int, dil: int, ceil: bool) -> int:
+    span = n + 2 * pad - dil * (k - 1) - 1
+    out = -(-span // stride) + 1 if ceil else span // stride + 1
+    if ceil and (out - 1) * stride >= n + pad:  # the last window must start inside
+        out -= 1
+    return out
 
 
 class MLPNet(FeatureModel):
@@ -117,7 +166,10 @@ class WeightNormLinear(nn.Linear):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
         super().__init__(in_features, out_features, bias)
-        self.weight_g = nn.Parameter(self.weight.detach().norm(dim=1, keepdim=True).clone())
+        if self.weight.is_meta:  # shapes only (io.limits): a meta norm imports torch._dynamo
+            self.weight_g = nn.Parameter(torch.empty(out_features, 1, device="meta"))
+        else:
+            self.weight_g = nn.Parameter(self.weight.detach().norm(dim=1, keepdim=True).clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight_g * self.weight / self.weight.norm(dim=1, keepdim=True).clamp_min(1e-12)
@@ -150,11 +202,12 @@ class LeNetShot(FeatureModel):
         self.bottleneck = nn.Sequential(nn.Linear(flat, bottleneck), nn.BatchNorm1d(bottleneck),
                                         nn.Dropout(0.5))
         self.classifier = WeightNormLinear(bottleneck, num_classes)
-        nn.init.xavier_normal_(self.bottleneck[0].weight)
-        nn.init.zeros_(self.bottleneck[0].bias)
-        nn.init.normal_(self.bottleneck[1].weight, 1.0, 0.02)
-        nn.init.zeros_(self.bottleneck[1].bias)
-        nn.init.zeros_(self.classifier.bias)
+        if not _on_meta(self):  # as init_weights: nothing to initialise on the meta device
+            nn.init.xavier_normal_(self.bottleneck[0].weight)
+            nn.init.zeros_(self.bottleneck[0].bias)
+            nn.init.normal_(self.bottleneck[1].weight, 1.0, 0.02)
+            nn.init.zeros_(self.bottleneck[1].bias)
+            nn.init.zeros_(self.classifier.bias)
 
     def forward_features(self, x):
         h = self.bottleneck(self.body((x - 0.5) / 0.5))
