@@ -319,13 +319,29 @@ class SpilledProbs:
 
 
 def _debias_in_place(probs, stats: SourceStats, live: Sequence[int], strength: float) -> None:
+    """debias of every live source over the spill, on the device ``stats`` was read on."""
     assert stats.class_bias, "SourceStats(class_bias=True) gathers what debias needs"
     mean = stats.total / max(1, stats.m)
     for s in range(0, len(probs), BLOCK):
         block = probs[s:s + BLOCK]
-        for i in live:
-            block[:, i] = debias(block[:, i], strength, mean[i])
+        if stats.device is not None:
+            block = _debiased_on(block, live, strength, mean, stats.device)
+        else:
+            for i in live:
+                block[:, i] = debias(block[:, i], strength, mean[i])
         probs.write(s, block)
+
+
+def _debiased_on(block: np.ndarray, live: Sequence[int], strength: float, mean: np.ndarray,
+                 device: torch.device) -> np.ndarray:
+    """debias.debias of the live sources of a block (n, S, C) on ``device``: the same
+    float64 quotients (the divisor made on the host, as debias makes it), float32 out."""
+    t = torch.from_numpy(np.ascontiguousarray(block)).to(device)
+    rows = torch.as_tensor(list(live), device=device)
+    den = np.maximum(np.asarray(mean[list(live)], np.float64), 1e-8) ** strength
+    r = t[:, rows].to(torch.float64) / torch.from_numpy(den).to(device)
+    t[:, rows] = (r / r.sum(2, keepdim=True)).to(torch.float32)
+    return t.cpu().numpy()
 
 
 def debias_spill(probs, stats: SourceStats, live: Sequence[int]) -> float:
