@@ -81,8 +81,9 @@ print('k-NN / k-means backend:', choose_backend(None))"
         --M ${SCALE_M:-1000000} --K 10 --threads "$THREADS" --dir "$SCALE_DIR" 2>&1 | tail -20
       cp "$SCALE_DIR"/e2e-M*-K10.json "$SCALE_DIR"/scale-e2e.json "$OUT/" 2>/dev/null
       [ "${PROFILE:-0}" = 1 ] && python3 -c "import pstats, sys; s = pstats.Stats('$SCALE_DIR/scale.prof', stream=sys.stdout)
-s.sort_stats('cumulative').print_stats(70); s.sort_stats('tottime').print_stats(40)" \
-        > "$OUT/profile.txt" 2>&1 && grep -E "mrtf/|tottime" "$OUT/profile.txt" | head -45 ;;
+s.sort_stats('cumulative').print_stats(70); s.sort_stats('cumulative').print_stats('mrtf/', 90)
+s.sort_stats('tottime').print_stats(40)" > "$OUT/profile.txt" 2>&1 \
+        && grep -E "mrtf/|tottime" "$OUT/profile.txt" | head -25 ;;
     tests)
       budget=$(left); [ "$budget" -lt 60 ] && budget=60
       workers=()
