@@ -281,7 +281,9 @@ def _init_from(views: list[torch.Tensor], post: np.ndarray) -> float:
     acc = views[0].to(torch.float32)
     for v in views[1:]:
         acc += v.to(torch.float32)
-    init = acc / len(views)
+    # a tensor divisor: CUDA divides by a Python scalar as a product with its reciprocal,
+    # one float32 ulp from numpy's quotient
+    init = acc / torch.full((), float(len(views)), dtype=torch.float32, device=acc.device)
     p = init.to(torch.float64)
     post[...] = (p / p.sum(1, keepdim=True)).cpu().numpy()
     return float(init.amax(1).to(torch.float64).sum()) / max(1, len(post))

@@ -120,7 +120,9 @@ def test_spilled_start_on_the_device_and_one_read(views, device, monkeypatch):
         moved = bv.on_device(dev)
         post = np.empty_like(want_post)
         bar = votes_mod._init_from(moved[:nl] if nl else moved, post)
-        np.testing.assert_allclose(post, want_post, rtol=2e-16, atol=0)
+        # the float32 means are numpy's; the float64 row sums may add in another order
+        np.testing.assert_allclose(post, want_post, rtol=2e-16 if device == "cpu" else 1e-15,
+                                   atol=0)
         assert bar == pytest.approx(want_bar, rel=1e-12)
         if device != "cpu":  # on the CPU, start() is numpy's and reads the spill itself
             post, bar2 = bv.start(nl, dev)
