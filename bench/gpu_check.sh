@@ -16,7 +16,8 @@
 #   backends  bench/knn_backends.py --M 1000000: CLR and k-means per backend, agreement with
 #             the CPU path (not in the default list)
 # Prepare here: `bash bench/gpu_wheels.sh` (wheels for what the image lacks into .whl/); then
-# one device call: run(command="bash bench/gpu_check.sh", carry=[".whl"], timeout_s=540).
+# one device call: run(command="bash bench/gpu_check.sh", carry=[".whl", ".sdata"],
+# timeout_s=540).
 # Stages can be chosen: `bash bench/gpu_check.sh env tests`. Everything it writes goes under
 # $OUT (default runs/gpu); the bench cells under $SCALE_DIR (default /tmp/scale).
 set -uo pipefail
@@ -25,6 +26,9 @@ SCALE_DIR=${SCALE_DIR:-/tmp/scale}
 BUDGET=${BUDGET:-450}
 THREADS=${THREADS:-8}
 mkdir -p "$OUT" "$SCALE_DIR"
+if [ -d .sdata ] && [ ! -e ../shared/data ]; then  # the datasets gpu_wheels.sh copied
+  mkdir -p ../shared && ln -s "$PWD/.sdata" ../shared/data
+fi
 if [ -d .whl ]; then
   # into the image's own environment (not --target): flwr's console scripts must sit beside
   # sys.executable, where the deployment test looks for them
