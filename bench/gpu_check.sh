@@ -72,7 +72,8 @@ print('k-NN / k-means backend:', choose_backend(None))"
         tests/refinery/test_grouped.py tests/refinery/test_prefetch.py \
         tests/refinery/test_decision.py tests/compute/test_kmeans.py \
         tests/refinery/test_feature_shift.py tests/compute/test_softmax_rows.py \
-        tests/trust/test_signals_torch.py tests/io/test_limits.py tests/refinery/test_votes_device.py 2>&1 | tail -15 ;;
+        tests/trust/test_signals_torch.py tests/io/test_limits.py tests/refinery/test_votes_device.py \
+        tests/refinery/test_precision.py 2>&1 | tail -15 ;;
     compare)
       OMP_NUM_THREADS=$THREADS timeout $(left) python3 bench/scale.py --compare --M 20000 \
         --K 10 --threads "$THREADS" --dir "$SCALE_DIR" 2>&1 | tail -20

@@ -20,6 +20,7 @@ from mrtf.cli.refine_report import say_account, say_selection, scores, summary
 from mrtf.jobs import FusedFiles, RefinedFiles, RefineJob, Reporter, refine_files
 from mrtf.refinery import METHODS, RefineConfig
 from mrtf.refinery.config import STREAM_MODES
+from mrtf.refinery.fastpath import PRECISIONS
 from mrtf.refinery.options import method_options, methods_with_options
 from mrtf.refinery.preview import RefinePreview
 from mrtf.refinery.prior_choice import CLASS_PRIORS
@@ -96,6 +97,9 @@ from mrtf.refinery.variants import VARIANTS
               help="Your own model code (trusted, local): received files that name this "
                    "module:factory are built with it; the current folder is importable. "
                    "Repeatable.")
+@field_option(RefineConfig, "--precision", type=click.Choice(PRECISIONS),
+              help="The teachers' pass in fp32 or bf16 (faster on GPUs and CPUs with bf16 "
+                   "units; the run notes how often its labels agree with fp32's).")
 @field_option(RefineConfig, "--seed", type=int)
 @field_option(RefineConfig, "--device", help="cpu, cuda, ... (default: CUDA when present).")
 @field_option(RefineConfig, "--stream", type=click.Choice(STREAM_MODES),

@@ -102,6 +102,30 @@ def test_simulate_refuses_existing_outputs(simulated, tmp_path):
     assert sorted(p.name for p in (root / "received").iterdir()) == before
 
 
+def test_refine_teachers_in_bf16(simulated, tmp_path):
+    """--precision bf16: the run notes the teachers' agreement with fp32, the labels stay
+    close to an fp32 run's; a precision it does not know is one line, exit code 2."""
+    root, _ = simulated
+    out = {}
+    for precision in ("fp32", "bf16"):
+        labels = tmp_path / f"{precision}.h5"
+        res = run("refine", root / "received", "--data", root / "target.h5", "--labels",
+                  labels, "--steps", "20", "--precision", precision, "--json")
+        assert res.exit_code == 0, res.output
+        out[precision] = json.loads(res.output)
+        with h5py.File(labels) as f:
+            out[precision]["labels"] = f["labels"][:]
+            out[precision]["config"] = json.loads(f.attrs["config"])
+    notes = [n for n in out["bf16"]["notes"] if n.startswith("teachers in bf16")]
+    assert len(notes) == 1 and "on the first 200 samples" in notes[0]
+    assert not any("bf16" in n for n in out["fp32"]["notes"])
+    assert out["bf16"]["config"]["precision"] == "bf16"
+    assert (out["bf16"]["labels"] == out["fp32"]["labels"]).mean() >= 0.9
+    res = CliRunner().invoke(cli, ["refine", str(root / "received"), "--data",
+                                   str(root / "target.h5"), "--precision", "fp16"])
+    assert res.exit_code == 2 and "fp16" in res.output
+
+
 def test_console_script_runs_as_a_process(tmp_path):
     """The installed entry point, in a real process: errors are one line, exit code 2."""
     proc = subprocess.run([sys.executable, "-m", "mrtf.cli.main", "simulate", "--split",

@@ -9,6 +9,7 @@ from mrtf.averaging import parse_aggregate
 from mrtf.errors import InputError
 from mrtf.refinery.augment import DEFAULT_JITTER, Jitter
 from mrtf.refinery.distill import BATCH_SIZE, STEPS, DistillRun
+from mrtf.refinery.fastpath import PRECISIONS
 from mrtf.refinery.neighbour_vote import NEIGHBOURS, check_neighbours
 from mrtf.refinery.prior_choice import CLASS_PRIORS
 from mrtf.refinery.registry import METHOD_SPECS, METHODS, MethodOptions, get_method
@@ -63,6 +64,9 @@ class RefineConfig:
     augment : (adaptive only) jitter the student's image inputs while it distils: shifts up
         to 2/28 of the side and rotations up to 10° (augment.py; +0.9 / +0.5 points on the grid
         / fresh sets). False = distil the clean images only.
+    precision : the teachers' pass in 'fp32' (default) or 'bf16' (bfloat16: faster on GPUs and
+        CPUs with bf16 units, labels from slightly different logits; the run notes the
+        argmax agreement with fp32 on the first chunk; precision.py).
     method_options : the method's own settings for this run, an instance of the type of its
         registered defaults (``Method.settings``: shot ``ShotSettings``, aad ``AadSettings``,
         nrc ``NrcSettings``, decision ``DecisionSettings``), e.g.
@@ -85,6 +89,7 @@ class RefineConfig:
     progress: bool = True
     inference_batch: int = 1024
     stack: str = "auto"
+    precision: str = "fp32"
     class_prior: str = "auto"
     trust: bool | None = None
     aggregate: str = "mean"
@@ -139,6 +144,8 @@ class RefineConfig:
         bad(self.clr_iterations < 0, f"clr iterations must be >= 0, got {self.clr_iterations}")
         bad(self.inference_batch < 1, "inference batch must be >= 1")
         bad(self.stack not in STACK_MODES, f"stack must be one of {STACK_MODES}")
+        bad(self.precision not in PRECISIONS, f"precision must be one of "
+            f"{', '.join(PRECISIONS)}, got {self.precision!r}")
         bad(self.class_prior not in CLASS_PRIORS, f"class prior must be one of "
             f"{', '.join(CLASS_PRIORS)}, got {self.class_prior!r}")
         takers = [m.name for m in METHOD_SPECS.values() if m.takes_class_prior]

@@ -44,8 +44,9 @@ def _pass(state: RefineState, models: list, first: int) -> np.ndarray | None:
     self_last = models[-1] is self_model
     before = None
     bad = 0
-    for start, lg, h in TeacherChunks(models, source, config.inference_batch, state.dev,
-                                      features_of, config.stack, config.progress):
+    chunks = TeacherChunks(models, source, config.inference_batch, state.dev, features_of,
+                           config.stack, config.progress, config.precision)
+    for start, lg, h in chunks:
         if state.logits is None:
             state.logits = storage.logits(len(state.teachers), m, lg.shape[-1])
         if self_last and before is None:
@@ -58,6 +59,10 @@ def _pass(state: RefineState, models: list, first: int) -> np.ndarray | None:
             if state.features is None:
                 state.features = storage.rows("features", m, h.shape[1])
             state.features[start:start + len(h)] = h
+    if chunks.agreement is not None:
+        agree, rows = chunks.agreement
+        state.notes.append(f"teachers in bf16: their labels agree with fp32's on {agree:.2%} "
+                           f"of (teacher, sample) pairs on the first {rows:,} samples")
     if bad:
         raise InputError(f"the received models' outputs are not finite on {bad} of {m} "
                          "target samples (their weights or the data overflow float32); "

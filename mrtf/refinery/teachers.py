@@ -36,6 +36,7 @@ from mrtf.errors import InputError
 from mrtf.refinery.fastpath import PRECISIONS, fast_features, fast_forward
 from mrtf.refinery.grouped import grouped_forward
 from mrtf.refinery.placement import lent
+from mrtf.refinery.precision import argmax_agreement, in_bf16
 from mrtf.refinery.prefetch import host_chunks, on_device, prefetched
 from mrtf.refinery.stacked import stacked_forward
 from mrtf.trust.selection import select
@@ -106,12 +107,10 @@ def _looped_forward(models: Sequence[nn.Module], channels_last: bool = False
 
 
 def resolve_stack(stack: str | bool, device: torch.device) -> str:
-    """'auto' → 'fast' on CPU (stacked.py for ≥ 2 LeNets: 12.1x the plain loop at K = 10 and
-    8.1-12.6x at K = 50; else fastpath.py, 4.4-6.0x; bench/refine_speed.py --compare),
-    'grouped' on CUDA (grouped.py: groups of ≥ 2 zoo LeNets as one grouped network, every
-    other group looped; the vmap pass lost to the loop on an H100, K = 50 LeNets: 803 against
-    735 ms for 65,536 images, bench/gpu_teachers.py). 'fast' on CUDA is 'grouped' too:
-    fastpath.py and stacked.py are CPU kernels. True → 'vmap', False → 'loop'."""
+    """'auto' → 'fast' on CPU (stacked.py for ≥ 2 LeNets, else fastpath.py), 'grouped' on
+    CUDA (grouped.py: groups of ≥ 2 zoo LeNets as one grouped network, every other group
+    looped; docs/benchmarks/scale.md and gpu.md have the rates). 'fast' on CUDA is 'grouped'
+    too: fastpath.py and stacked.py are CPU kernels. True → 'vmap', False → 'loop'."""
     if stack is True or stack is False:
         return "vmap" if stack else "loop"
     if stack not in STACK_MODES:
@@ -140,8 +139,7 @@ def _group_forwards(models: Sequence[nn.Module], mode: str, probe: torch.Tensor,
             fast = fast_forward(group, probe, precision)
         if fast is not None:
             fwd, kind = fast, "fast"
-        grouped = grouped_forward(group, probe) if mode == "grouped" and \
-            precision == "fp32" else None
+        grouped = grouped_forward(group, probe) if mode == "grouped" else None
         if grouped is not None:
             fwd, kind = grouped, "grouped"
         if mode == "vmap" and len(group) > 1:
@@ -151,6 +149,8 @@ def _group_forwards(models: Sequence[nn.Module], mode: str, probe: torch.Tensor,
                     fwd, kind = cand, "stacked"
             except Exception:  # noqa: BLE001 - any vmap failure means: loop instead
                 pass
+        if precision == "bf16" and kind != "fast":  # a fast group made its own bf16 copies
+            fwd = in_bf16(fwd, probe.device.type)
         out.append((idx, fwd, kind))
     return out
 
@@ -167,12 +167,10 @@ def teacher_logits(models: Sequence[nn.Module], source, batch_size: int = 1024,
     source : H5Dataset or ArraySource, read in chunks of ``batch_size`` rows; ``y`` is never read.
     features_of : optional module whose features (``forward_features``) are also kept, e.g.
         θ_{t+1} for the clustered label refinery (Eq. 11-12).
-    stack : 'fast' (fastpath.py for zoo LeNet/ConvNet/MLPNet groups, exact), 'vmap' (stack
-        same-architecture teachers, ``torch.func`` vmap), 'nhwc' (loop in channels-last),
-        'loop' (plain loop, the reference) or 'auto' (see :func:`resolve_stack`).
+    stack : 'fast', 'grouped', 'vmap', 'nhwc', 'loop' or 'auto' (:func:`resolve_stack`).
     progress : show a progress bar over the target samples.
-    precision : 'fp32' (default) or 'bf16': groups on the fast path run in bfloat16 (argmax
-        agreement ~99.7 %, fastpath.py); every other group stays fp32.
+    precision : 'fp32' (default) or 'bf16': the teachers run in bfloat16 (precision.py; a
+        fast-path group with its own bf16 copies, every other under autocast).
 
     Returns logits (K, M, C) float32 (and features (M, D) float32). The refinery's data pass
     (teach.py) consumes :class:`TeacherChunks` instead and may spill them (storage.py).
@@ -221,6 +219,7 @@ class TeacherChunks:
         self.features_of = features_of
         self.progress = progress
         self.kinds: list[str] = []
+        self.agreement: tuple[float, int] | None = None  # bf16: vs fp32 on the first chunk
 
     def __iter__(self):
         with lent([*self.models, self.features_of], self.dev):
@@ -239,10 +238,10 @@ class TeacherChunks:
                     x = on_device(chunk, self.dev)
                     if forwards is None:
                         forwards, fused = self._forwards(x[:8])
-                    parts: dict[int, np.ndarray] = {}
-                    for idx, fwd, _ in forwards:
-                        out = fwd(x).float().cpu().numpy()
-                        parts.update({i: out[j] for j, i in enumerate(idx)})
+                    parts = _run(forwards, x)
+                    if self.precision == "bf16" and self.agreement is None:
+                        fp32, _ = self._forwards(x[:8], "fp32")
+                        self.agreement = (argmax_agreement(parts, _run(fp32, x)), len(x))
                     h = None
                     if fused is not None:  # θ_{t+1}: features and logits in one pass
                         h_t, lg_t = fused[1](x)
@@ -256,11 +255,13 @@ class TeacherChunks:
                         else np.empty((0, len(x), 0), np.float32)
                 yield start, lg, h
 
-    def _forwards(self, probe: torch.Tensor):
-        """The group forwards, and (index of features_of among the models or None, its fused
-        features + logits forward) when features_of takes the fast path (fp32 only)."""
+    def _forwards(self, probe: torch.Tensor, precision: str | None = None):
+        """The group forwards (in ``precision``, default the iterator's), and (index of
+        features_of among the models or None, its fused features + logits forward) when
+        features_of takes the fast path (fp32 only)."""
+        precision = precision or self.precision
         fused = None
-        if self.features_of is not None and self.mode == "fast" and self.precision == "fp32":
+        if self.features_of is not None and self.mode == "fast" and precision == "fp32":
             run = fast_features(self.features_of, probe)
             if run is not None:
                 at = next((i for i, m in enumerate(self.models) if m is self.features_of),
@@ -269,9 +270,19 @@ class TeacherChunks:
         rest = [i for i in range(len(self.models)) if fused is None or i != fused[0]]
         forwards = [([rest[j] for j in idx], fwd, kind) for idx, fwd, kind in
                     _group_forwards([self.models[i] for i in rest], self.mode, probe,
-                                    self.precision)]
-        self.kinds = [k for _, _, k in forwards]
+                                    precision)]
+        if precision == self.precision:
+            self.kinds = [k for _, _, k in forwards]
         return forwards, fused
+
+
+def _run(forwards: list, x: torch.Tensor) -> dict[int, np.ndarray]:
+    """Teacher index → its logits (m, C) float32 on the host."""
+    parts: dict[int, np.ndarray] = {}
+    for idx, fwd, _ in forwards:
+        out = fwd(x).float().cpu().numpy()
+        parts.update({i: out[j] for j, i in enumerate(idx)})
+    return parts
 
 
 #: rows per block of :func:`global_stds` (a fixed block: the float64 sums, and so Eq. 6's
