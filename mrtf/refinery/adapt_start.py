@@ -78,7 +78,7 @@ def label_information(probs: np.ndarray) -> float:
     """I(p) = H(mean p) - mean H(p) in nats, of (M, C) label probabilities: between 0 (every
     row the same, or every row uniform) and ln C (one-hot rows, classes equally often)."""
     p = _rows(probs, "label_information")
-    return float(entropy(p.mean(0)) - entropy(p).mean())
+    return label_diversity(p) - float(entropy(p).mean())
 
 
 @dataclass(frozen=True)
