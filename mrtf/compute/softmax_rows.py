@@ -1,12 +1,13 @@
 """The teachers' logit blocks read on a torch device (issue 36): row softmax, mean entropy,
 label agreement, the stabilized softmax (Eq. 6) and its std.
 
-On a 16-core GPU machine the 1M-row refine spent ~10 s in numpy over the (K, M, C) logits
+On a GPU machine the 1M-row refine spent much of its time in numpy over the (K, M, C) logits
 (elementwise ufuncs run on one core): the calibration's signals, the novelty's entropies and
-Eq. 6's softmax. These functions are the same arithmetic in torch, float64, on the refine's
-device; their callers keep numpy on the CPU (bit-identical to before) and call these
-elsewhere. What differs on CUDA is the last bits of ``exp`` and the order of the sums over M
-(tests/compute/test_softmax_rows.py holds them to numpy on the CPU's torch).
+Eq. 6's softmax (docs/benchmarks/gpu.md, 2026-11-26, has the profiles). These functions are
+the same arithmetic in torch, float64, on the refine's device; their callers keep numpy on
+the CPU (bit-identical to before) and call these elsewhere. What differs on CUDA is the last
+bits of ``exp`` and the order of the sums over M (tests/compute/test_softmax_rows.py holds
+them to numpy on the CPU's torch).
 
 A block is moved in its stored dtype (float32: half the bytes of float64) and widened on the
 device, which is exact.

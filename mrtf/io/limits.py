@@ -151,7 +151,7 @@ def reference_shapes(arch: str, num_classes: int, kwargs: dict[str, Any]
     if ":" in arch:  # trusted local code may not run on the meta device: build it for real
         return dict(_shapes_of_built(arch, num_classes, kwargs))
     # the parties of one round share one zoo architecture: it is built once, not once per
-    # bundle (a meta-device build of a zoo LeNet took ~45 ms, most of a 10-party load); user
+    # bundle (docs/benchmarks/gpu.md, 2026-11-26: the meta builds were most of a load); user
     # code is built each time, since a module of the same name may change between calls
     return dict(_zoo_shapes(arch, num_classes, json.dumps(kwargs, sort_keys=True)))
 

@@ -41,7 +41,7 @@ def norm_layer(kind: str, channels: int) -> nn.Module:
 def init_weights(module: nn.Module) -> None:
     """Conv: Kaiming-normal (fan_out) as in the reference. Linear: PyTorch's default, because the
     reference's N(0, 0.01) stalls training (docs/reference-code.md, measured)."""
-    if _on_meta(module):  # shapes only (io.limits): a meta init imports torch._dynamo, ~1.5 s
+    if _on_meta(module):  # shapes only (io.limits): a meta init imports torch._dynamo (slow)
         return
     for m in module.modules():
         if isinstance(m, nn.Conv2d):
@@ -53,7 +53,8 @@ def init_weights(module: nn.Module) -> None:
 def _flat_dim(body: nn.Module, in_channels: int, image_size: int) -> int:
     """The body's flattened output size for one image. A body on the meta device (built so by
     io.limits.reference_shapes) is sized by the layers' own arithmetic: a meta forward
-    imports torch's symbolic-shape machinery (sympy), 1.5 s of a refine's start-up."""
+    imports torch's symbolic-shape machinery (sympy), seconds of every refine's start-up
+    (docs/benchmarks/gpu.md, 2026-11-26)."""
     if _on_meta(body):
         size = _sized(body, in_channels, image_size)
         if size is not None:
