@@ -1,6 +1,6 @@
-"""Teacher inference on CUDA: the loop over models (what ``teacher_logits`` runs there by
-default) vs the stacked ``vmap`` pass and stacked.py, fp32, TF32 and bf16, against the GPU's
-measured rates.
+"""Teacher inference on CUDA: the loop over models, the grouped LeNets (grouped.py, what
+``teacher_logits`` runs there by default; and in bf16, what ``--precision bf16`` runs), the
+stacked ``vmap`` pass and stacked.py, fp32, TF32 and bf16, against the GPU's measured rates.
 
 K random-init zoo LeNets (seed 0) on N random 1×28×28 images already on the GPU (the transfer
 is timed separately, pageable vs pinned). Every path is timed with CUDA events after warm-up,
@@ -83,6 +83,12 @@ def compare(k: int, n: int, repeats: int, chunk: int) -> dict:
              "loop fp32 @1024": lambda: torch.cat([loop(x[s:s + 1024]) for s in range(0, n, 1024)],
                                                   1),
              "vmap fp32": chunked(vmap)}
+    from mrtf.refinery.grouped import grouped_forward
+    from mrtf.refinery.precision import in_bf16
+
+    grouped = grouped_forward(models, x[:8])  # the CUDA default since cafa2c9
+    if grouped is not None:
+        paths["grouped fp32 (default)"] = chunked(grouped)
     try:  # the CPU's stacked path (one GEMM for all first convs, grouped conv2) on CUDA
         from mrtf.refinery.stacked import stacked_forward
 
@@ -113,6 +119,10 @@ def compare(k: int, n: int, repeats: int, chunk: int) -> dict:
         torch.backends.cuda.matmul.allow_tf32 = False
         rows["loop bf16 autocast"] = {"s": _time(bf16(paths["loop fp32 (auto)"]), repeats)}
         outs["loop bf16 autocast"] = bf16(paths["loop fp32 (auto)"])()
+        if grouped is not None:  # what `mrtf refine --precision bf16` runs on CUDA
+            name, fn = "grouped bf16 (--precision bf16)", chunked(in_bf16(grouped, "cuda"))
+            rows[name] = {"s": _time(fn, repeats)}
+            outs[name] = fn()
         h2d = {}
         for kind, host in (("pageable", x_cpu), ("pinned", x_cpu.pin_memory())):
             h2d[kind] = _time(lambda host=host: host.to(dev, non_blocking=True), repeats)
