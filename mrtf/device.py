@@ -19,6 +19,16 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
     return dev
 
 
+def off_cpu(device: str | torch.device | None) -> torch.device | None:
+    """``device`` as a torch.device when it names one other than the CPU, else None: where a
+    caller keeps its numpy path for the CPU and moves the work elsewhere. Unlike
+    :func:`pick_device`, None stays None (the CPU): the caller was given no device."""
+    if device is None:
+        return None
+    dev = torch.device(device)
+    return None if dev.type == "cpu" else dev
+
+
 def reproducible_cuda() -> None:
     """Deterministic CUDA kernels and true fp32: mrtf promises identical labels for the same
     seed, and labels that match the CPU's up to fp32 rounding.

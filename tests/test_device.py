@@ -51,3 +51,12 @@ def test_choosing_the_cpu_changes_no_setting(restore_torch_flags):
     torch.backends.cudnn.allow_tf32 = True
     pick_device("cpu")
     assert torch.backends.cudnn.allow_tf32 and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+
+
+def test_off_cpu_names_only_devices_other_than_the_cpu():
+    from mrtf.device import off_cpu
+
+    assert off_cpu(None) is None and off_cpu("cpu") is None
+    assert off_cpu(torch.device("cpu")) is None
+    assert off_cpu("cuda") == torch.device("cuda")  # named, not checked for presence
+    assert off_cpu(torch.device("meta")) == torch.device("meta")

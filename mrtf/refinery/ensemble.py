@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from mrtf.compute.softmax_rows import stabilized_softmax, teacher_stds
+from mrtf.device import off_cpu
 from mrtf.refinery.config import REF_STD_BATCH, RefineConfig
 from mrtf.refinery.registry import get_method
 from mrtf.refinery.teachers import STD_BLOCK, _softmax_np, global_stds, stabilized_probs
@@ -26,8 +27,8 @@ def stabilized_blocks(logits, config: RefineConfig, device: torch.device | None 
     ``device`` other than the CPU: the paper variant's arithmetic in torch there
     (compute.softmax_rows; numpy on the CPU)."""
     k_all, m = logits.shape[:2]
-    if config.variant == "paper" and device is not None and torch.device(device).type != "cpu":
-        dev = torch.device(device)
+    dev = off_cpu(device)
+    if config.variant == "paper" and dev is not None:
         stds = teacher_stds(logits, STD_BLOCK, dev)
         for s in range(0, m, TARGET_CHUNK):
             yield s, stabilized_softmax(logits[:, s:s + TARGET_CHUNK], config.tau, stds, dev)

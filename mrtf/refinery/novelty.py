@@ -54,6 +54,7 @@ import numpy as np
 import torch
 
 from mrtf.compute.softmax_rows import agreeing_pairs, entropy_sums
+from mrtf.device import off_cpu
 from mrtf.refinery.feature_shift import FEATURE_SHIFT, FeatureShift
 
 #: H - L (nats) above which the target counts as new to the parties (chosen on the runs above)
@@ -122,8 +123,8 @@ def mean_entropies(logits, k: int, block_bytes: int = 2**25,
     ``device`` other than the CPU: the same sums in torch there (compute.softmax_rows)."""
     m, c = logits.shape[1], logits.shape[2]
     block = max(1, block_bytes // (8 * max(1, k) * c))
-    if _off_cpu(device):
-        return entropy_sums(logits, k, block, torch.device(device)) / max(1, m)
+    if (dev := off_cpu(device)) is not None:
+        return entropy_sums(logits, k, block, dev) / max(1, m)
     total = np.zeros(k)
     for s in range(0, m, block):
         z = np.asarray(logits[:k, s:s + block], dtype=np.float64)
@@ -141,18 +142,14 @@ def mean_agreement(logits, k: int, block_bytes: int = 2**25,
     if k < 2 or not m:
         return 1.0
     block = max(1, block_bytes // (8 * k * c))
-    if _off_cpu(device):
-        return agreeing_pairs(logits, k, block, torch.device(device)) / (m * k * (k - 1) / 2)
+    if (dev := off_cpu(device)) is not None:
+        return agreeing_pairs(logits, k, block, dev) / (m * k * (k - 1) / 2)
     same = 0.0
     for s in range(0, m, block):
         labels = np.asarray(logits[:k, s:s + block]).argmax(2)  # (k, b)
         for i in range(k - 1):
             same += float((labels[i + 1:] == labels[i]).sum())
     return same / (m * k * (k - 1) / 2)
-
-
-def _off_cpu(device: torch.device | str | None) -> bool:
-    return device is not None and torch.device(device).type != "cpu"
 
 
 def target_novelty(local_logits, train_losses: Sequence[float | None],

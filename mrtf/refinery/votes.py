@@ -23,6 +23,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from mrtf.device import off_cpu
 from mrtf.refinery.cluster import _one_blas_thread, one_hot
 from mrtf.refinery.consensus import (
     Consensus,
@@ -54,8 +55,7 @@ class SourceStats:
         self.total = np.zeros((sources, classes))
         self.counts = np.zeros((sources, classes), dtype=np.int64)
         self.m = 0
-        self.device = None if device is None or torch.device(device).type == "cpu" \
-            else torch.device(device)
+        self.device = off_cpu(device)
 
     def add(self, q: np.ndarray) -> None:
         """One block q (S, m, C) of the sources' stabilized softmax."""
@@ -234,9 +234,10 @@ class BlockViews:
         if self.post is None:
             self.post = np.empty((m, c), dtype=np.float64)
         self._nl = nl
-        if device is None or torch.device(device).type == "cpu":
+        dev = off_cpu(device)
+        if dev is None:
             return self.post, _init(self, nl, m, self.post)
-        views = self.on_device(torch.device(device))[:len(self.live)]
+        views = self.on_device(dev)[:len(self.live)]
         return self.post, _init_from(views[:nl] if nl else views, self.post)
 
     def fallback(self, log_likelihood: float) -> Consensus:

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mrtf.device import off_cpu
 from mrtf.trust.neighbours import label_consistency
 from mrtf.trust.signals_torch import tallies_torch
 
@@ -125,11 +126,11 @@ class Signals:
         k, m, _ = local_logits.shape
         k = k if models is None else models
         block = m if block is None else block
-        if device is None or torch.device(device).type == "cpu":
+        dev = off_cpu(device)
+        if dev is None:
             votes, mean, conf_sum, same = _tallies(local_logits, k, block)
         else:
-            votes, mean, conf_sum, same = tallies_torch(local_logits, k, block,
-                                                        torch.device(device))
+            votes, mean, conf_sum, same = tallies_torch(local_logits, k, block, dev)
         conf = float(np.sum(conf_sum / m) / k)
         pairs = [same[i, j] / m for i in range(k) for j in range(i + 1, k)]
         return cls(votes, mean, np.asarray(averaged, np.float32),
