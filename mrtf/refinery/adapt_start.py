@@ -78,7 +78,12 @@ def label_information(probs: np.ndarray) -> float:
     """I(p) = H(mean p) - mean H(p) in nats, of (M, C) label probabilities: between 0 (every
     row the same, or every row uniform) and ln C (one-hot rows, classes equally often)."""
     p = _rows(probs, "label_information")
-    return label_diversity(p) - float(entropy(p).mean())
+    return label_diversity(p) - _mean_entropy(p)
+
+
+def _mean_entropy(p: np.ndarray) -> float:
+    """mean H(p) in nats of (M, C) rows already checked by :func:`_rows`."""
+    return float(entropy(p).mean())
 
 
 @dataclass(frozen=True)
@@ -108,8 +113,10 @@ def choose_start(labels: Mapping[str, np.ndarray]) -> StartChoice:
     of those, the one that leads most)."""
     if not labels:
         raise ValueError("choose_start needs at least one start")
-    info = {name: label_information(p) for name, p in labels.items()}
-    spread = {name: label_diversity(p) for name, p in labels.items()}
+    rows = {name: _rows(p, "choose_start") for name, p in labels.items()}
+    spread = {name: label_diversity(p) for name, p in rows.items()}
+    # I = H(mean p) - mean H(p): the diversity just computed, not computed again
+    info = {name: spread[name] - _mean_entropy(p) for name, p in rows.items()}
     first = next(iter(info))
     num_classes = next(iter(labels.values())).shape[-1]
     margin = TIE * float(np.log(max(num_classes, 2)))
