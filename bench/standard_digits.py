@@ -229,6 +229,7 @@ METHODS: dict[str, Method] = {
     "mrtf": _refined("mrtf", clr_min_round=0),  # the paper's MrTF, CLR in every round
     "shot": _shot(ShotSettings.paper()),  # SHOT's target recipe
     "adaptive": _refined("adaptive"),  # the default
+    "shot-aligned": _refined("shot", input_reading="search"),  # SHOT on the target re-read
     "shot-mrtf": _shot(ShotSettings()),  # the project's SHOT settings (Adam, 500 steps)
     "aad": _refined("aad"),  # AaD adapting θ_{t+1} (docs/source-free.md)
     "nrc": _refined("nrc"),  # NRC adapting θ_{t+1}

@@ -68,6 +68,14 @@ from mrtf.refinery.variants import VARIANTS
               help="adaptive: jitter the refined model's inputs while it learns (small "
                    "shifts and rotations; +0.5 to +0.9 points on the benchmarks, see README). "
                    "Images only.")
+@field_option(RefineConfig, "--input-reading", metavar="auto|search|off|READING",
+              help="How the target's images are read: search (the reading under which the "
+                   "parties' predictions are most informative: shrunk by 0.6-0.9, as each "
+                   "pixel's contrast to the image's dominant colour, or both; e.g. USPS "
+                   "digits that fill their frame, or MNIST-M, read by MNIST parties), off "
+                   "(as given) or a READING: FACTOR in [0.5, 2], fg, or fg:FACTOR. auto: "
+                   "search for adaptive, off for the other methods. The refined model's "
+                   "file keeps the reading for mrtf label.")
 @field_option(RefineConfig, "--aggregate",
               help="The parameter average θ_{t+1}: mean (weighted by n_samples), median "
                    "(coordinate-wise) or trimmed:β (coordinate-wise trimmed mean, 0 <= β < 0.5).")

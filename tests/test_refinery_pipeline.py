@@ -150,12 +150,13 @@ def test_adaptive_reports_every_source_and_a_label_free_estimate(demo):
     est = r.accuracy
     assert 0 <= est.averaged <= 1 and 0 <= est.refined <= 1
     assert 0 <= est.consensus_view.refined <= 1
-    # the JSON form keeps the keys refine --json has always written
+    # the JSON form keeps the keys refine --json has always written, and the input scale
     d = r.to_dict()
     assert list(d) == ["method", "variant", "u_t", "teachers", "heterogeneous", "notes",
                        "config", "neighbour_vote", "sources", "trust", "consensus_confidence",
                        "cluster_weight", "debias_strength", "class_prior",
-                       "estimated_accuracy", "novelty", "branch", "calibration", "reliability",
+                       "estimated_accuracy", "novelty", "branch", "input_reading",
+                       "calibration", "reliability",
                        "verdicts", "aggregate", "basin"]
     assert list(d["class_prior"]) == ["chosen", "agreement", "chance", "excess", "line"]
     assert d["class_prior"]["line"] == prior.line

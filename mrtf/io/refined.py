@@ -14,6 +14,7 @@ from torch import nn
 from mrtf.averaging import average_received
 from mrtf.errors import InputError
 from mrtf.io.bundles import BundleMeta, ReceivedModel, ReceivedSet
+from mrtf.io.reading import Reading
 from mrtf.models import build_model, image_kwargs, input_kwargs
 
 
@@ -66,11 +67,14 @@ def student_of_onnx_set(locals_: Sequence[ReceivedModel]
 
 
 def refined_meta(rs: ReceivedSet, student_meta: BundleMeta | None, method: str,
-                 config: dict[str, Any], calibration: Any = None) -> BundleMeta:
+                 config: dict[str, Any], calibration: Any = None,
+                 reading: Reading | None = None) -> BundleMeta:
     """Bundle metadata of the refined model (so it can be received again): the student's
     architecture (else the received local models'), the summed label counts, the newest
     round it refines, the method and its config. ``calibration`` (mrtf.trust.calibration):
-    its temperature and the estimate, for ``mrtf label`` (``mrtf.calibration``)."""
+    its temperature and the estimate, for ``mrtf label`` (``mrtf.calibration``).
+    ``reading``: how the refinery read the target's images, when not as given
+    (``mrtf.input_reading``: ``mrtf label`` reads new data the same way)."""
     extra = {"mrtf.method": method,
              "mrtf.config": json.dumps(config, sort_keys=True, default=str)}
     if calibration is not None:
@@ -78,6 +82,8 @@ def refined_meta(rs: ReceivedSet, student_meta: BundleMeta | None, method: str,
             {"temperature": calibration.temperature,
              "estimated_accuracy": calibration.estimated_accuracy,
              "plus_minus": calibration.plus_minus}, sort_keys=True)
+    if reading is not None and not reading.as_given:
+        extra["mrtf.input_reading"] = reading.spec()
     base = student_meta or rs.by_role("local")[0].meta
     counts = [m.meta.label_counts for m in rs.by_role("local")]
     total = (np.sum(counts, axis=0).astype(int).tolist()

@@ -113,7 +113,7 @@ def _refine_with_data(rs: ReceivedSet, source: H5Dataset, outs: Outputs, job: Re
         with outs.writing(job.csv) as tmp:
             write_labels_csv(tmp, labels, atomic=False)
     if job.model is not None:
-        meta = refined_meta(rs, student_meta, cfg.method, config, cal)
+        meta = refined_meta(rs, student_meta, cfg.method, config, cal, result.reading)
         with outs.writing(job.model) as tmp:
             save_bundle(tmp, result.model, meta, atomic=False, require_finite=True)
     outs.commit()

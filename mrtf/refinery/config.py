@@ -10,6 +10,7 @@ from mrtf.errors import InputError
 from mrtf.refinery.augment import DEFAULT_JITTER, Jitter
 from mrtf.refinery.distill import BATCH_SIZE, STEPS, DistillRun
 from mrtf.refinery.fastpath import PRECISIONS
+from mrtf.refinery.input_reading import parse_input_reading
 from mrtf.refinery.neighbour_vote import NEIGHBOURS, check_neighbours
 from mrtf.refinery.prior_choice import CLASS_PRIORS
 from mrtf.refinery.registry import METHOD_SPECS, METHODS, MethodOptions, get_method
@@ -67,6 +68,12 @@ class RefineConfig:
     precision : the teachers' pass in 'fp32' (default) or 'bf16' (bfloat16: faster on GPUs and
         CPUs with bf16 units, labels from slightly different logits; the run notes the
         argmax agreement with fp32 on the first chunk; precision.py).
+    input_reading : how the target's images are read (input_reading.py): 'auto' (default:
+        the method's choice; the adaptive default searches, the paper's methods and the
+        baselines read the target as given), 'search' (any method: the reading of
+        input_reading.READINGS under which the parties' mean prediction is most
+        informative), 'off' (as given) or a reading: a zoom factor in [0.5, 2] ('0.7'), the
+        foreground contrast ('fg') or both ('fg:0.7').
     method_options : the method's own settings for this run, an instance of the type of its
         registered defaults (``Method.settings``: shot ``ShotSettings``, aad ``AadSettings``,
         nrc ``NrcSettings``, decision ``DecisionSettings``), e.g.
@@ -97,6 +104,7 @@ class RefineConfig:
     scratch_dir: str | None = None
     neighbour_vote: int = NEIGHBOURS
     augment: bool = True
+    input_reading: str = "auto"
     method_options: MethodOptions | None = None
 
     @property
@@ -158,6 +166,10 @@ class RefineConfig:
             raise InputError(str(exc)) from None
         check_neighbours(self.neighbour_vote)
         bad(self.stream not in STREAM_MODES, f"stream must be one of {STREAM_MODES}")
+        try:
+            parse_input_reading(self.input_reading)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
         self._check_options()
 
     def _check_options(self) -> None:

@@ -4,7 +4,8 @@
 typed state (state.RefineState), for every method and either storage:
 
 1. ``plan_models``: who teaches and who learns (plan.py), checked on one target sample;
-2. ``check_parties``: the party reliability checks when on (trusted.py), u_t, the notes;
+2. ``align_input``: how the target's images are read (input_reading.py), then
+   ``check_parties``: the party reliability checks when on (trusted.py), u_t, the notes;
 3. ``teach``: the data pass: teachers' logits, once, into the run's storage (in memory, or
    spilled to scratch files for a large target, storage.py), θ_{t+1}'s softmax;
 4. ``gather_evidence``: what is read off the raw logits: the calibration's evidence, the
@@ -29,6 +30,7 @@ from mrtf.device import pick_device
 from mrtf.refinery import methods  # noqa: F401 - registers the built-in methods
 from mrtf.refinery.config import METHOD_SPECS, METHODS, VARIANTS, RefineConfig
 from mrtf.refinery.ensemble import ensemble_targets
+from mrtf.refinery.input_reading import align_input
 from mrtf.refinery.plan import check_fits, check_parties, newest_locals, plan_models
 from mrtf.refinery.preview import PlanWatch, RefinePreview, preview_of
 from mrtf.refinery.registry import get_method
@@ -59,9 +61,10 @@ def refine(received, source, config: RefineConfig | None = None,
     state = planned(received, source, config, student)
     config = state.config
     t0 = time.perf_counter()
+    align_input(state)
     check_parties(state)
     watch.planned(preview_of(state))
-    with open_storage(received, source, config) as state.storage:
+    with open_storage(received, state.source, config) as state.storage:
         teach(state)
         state.timings["teachers"] = time.perf_counter() - t0
         if state.taught:
@@ -80,8 +83,9 @@ def preview(received, source, config: RefineConfig | None = None,
     and the distillation: stages 1-4 (the party checks and the data pass), as ``mrtf
     inspect RECEIVED --data`` shows them."""
     state = planned(received, source, config, student)
+    align_input(state)
     check_parties(state)
-    with open_storage(received, source, state.config) as state.storage:
+    with open_storage(received, state.source, state.config) as state.storage:
         teach(state)
         if state.taught:
             state.method.evidence(state)

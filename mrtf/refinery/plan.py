@@ -110,11 +110,13 @@ def check_parties(state: RefineState) -> None:
 
 
 def notes_on_inputs(state: RefineState) -> list[str]:
-    """What the output should say about the inputs: the plan's and the checks' notes, older
-    rounds' local models, u_t's fall-back, then the method's own."""
+    """What the output should say about the inputs: the plan's and the checks' notes, how the
+    target is read, older rounds' local models, u_t's fall-back, then the method's own."""
     plan = state.plan
     assert plan is not None
     notes = list(plan.notes)
+    if state.input_reading is not None:
+        notes.append(state.input_reading.line())
     chosen = select(state.received)  # refused claims and copies are named, not counted older
     notes += [f"refused: {line}" for line in chosen.suspicious]
     older = sum(1 for f in chosen.not_used if f.role == "local" and not f.suspicious)

@@ -33,6 +33,8 @@ class Method:
     vote : the labels are the refined model's neighbour vote (neighbour_vote.py).
     augment : the student's inputs are jittered while it distils (augment.py).
     trust_default : the party reliability checks run unless ``--trust`` says otherwise.
+    aligns_input : ``--input-reading auto`` searches how the target is read
+        (input_reading.py); otherwise the target is read as given unless the run says how.
     takes_class_prior : ``--class-prior uniform`` applies to it (the default's consensus).
     uses_u_t : its targets read Eq. 10's u_t (a note says when it falls back).
     settings : the method's own options, their defaults (a frozen dataclass with
@@ -53,6 +55,7 @@ class Method:
     vote: bool = False
     augment: bool = False
     trust_default: bool = False
+    aligns_input: bool = False
     takes_class_prior: bool = False
     uses_u_t: bool = False
     settings: MethodOptions | None = None

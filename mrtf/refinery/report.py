@@ -54,4 +54,4 @@ def report(state: RefineState) -> RefineResult:
         consensus=None if state.adaptive is None else consensus_account(state.adaptive),
         novelty=state.novelty,
         parties=None if state.trusted is None else state.trusted.checks(config.aggregate),
-        branch=state.branch)
+        branch=state.branch, input_reading=state.input_reading)

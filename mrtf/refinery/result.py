@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+from mrtf.io.reading import Reading
 from mrtf.refinery.adaptive import SourceTrust
 from mrtf.refinery.branch_choice import BranchChoice
 from mrtf.refinery.config import RefineConfig
@@ -163,6 +164,8 @@ class RefineResult:
     the other methods). novelty: the parties' novelty signal (novelty.py; None for the
     others). branch: the adaptive method's vote-or-adapt choice and why (branch_choice.py;
     None for the others). parties: the trust layer's verdicts (None when it was off).
+    input_reading: how the target's images were read and why (input_reading.ReadingChoice;
+    None: as given, no search ran).
     """
 
     model: nn.Module
@@ -184,6 +187,12 @@ class RefineResult:
     novelty: Novelty | None = None
     parties: PartyChecks | None = None
     branch: BranchChoice | None = None
+    input_reading: Any = None
+
+    @property
+    def reading(self) -> Reading:
+        """How the target's images were read (``Reading()``: as given)."""
+        return Reading() if self.input_reading is None else self.input_reading.reading
 
     def run_config(self) -> dict[str, Any]:
         """The settings the run used with its u_t, as the labels file and the refined model's
@@ -195,8 +204,8 @@ class RefineResult:
         of ``mrtf refine --json``: method, variant, u_t, teachers, heterogeneous, notes,
         config, streaming (only when true), neighbour_vote, the consensus' (sources, trust,
         consensus_confidence, cluster_weight, debias_strength, class_prior), novelty, branch,
-        estimated_accuracy, calibration, the parties' (reliability, verdicts, aggregate,
-        reliability_samples, basin); a group's keys only where it exists."""
+        input_reading, estimated_accuracy, calibration, the parties' (reliability, verdicts,
+        aggregate, reliability_samples, basin); a group's keys only where it exists."""
         out: dict[str, Any] = {"method": self.config.method, "variant": self.config.variant,
                                "u_t": self.u_t, "teachers": self.teachers,
                                "heterogeneous": self.heterogeneous, "notes": self.notes,
@@ -213,6 +222,8 @@ class RefineResult:
             out["novelty"] = self.novelty.to_dict()
         if self.branch is not None:
             out["branch"] = self.branch.to_dict()
+        if self.input_reading is not None:
+            out["input_reading"] = self.input_reading.to_dict()
         out["estimated_accuracy"] = self.accuracy.to_dict()
         out["calibration"] = None if self.calibration is None else self.calibration.attrs()
         if self.parties is not None:

@@ -54,6 +54,8 @@ class RefineState:
     labels : the refined model's labels (neighbour_vote.final_probs) when the fit already
         computed them (the adapt branch from both starts); else the report computes them.
     branch : the adaptive default's vote-or-adapt choice (branch_choice.py).
+    input_reading : how the target is read (input_reading.ReadingChoice; None: as given, not
+        searched). ``source`` is then the target read that way.
     """
 
     received: Any
@@ -78,6 +80,7 @@ class RefineState:
     signals: Any = None
     novelty: Novelty | None = None
     branch: BranchChoice | None = None  # the adaptive default's vote-or-adapt choice
+    input_reading: Any = None  # input_reading.ReadingChoice
     targets: np.ndarray | None = None
     adaptive: AdaptiveTargets | None = None
     start_model: nn.Module | None = None

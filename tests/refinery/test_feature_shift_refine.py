@@ -41,9 +41,10 @@ def parties():
     return ReceivedSet(models, []), ds.x[target], ds.y[target]
 
 
-def _refine(received, x):
+def _refine(received, x, reading: str = "auto"):
     return refine(received, ArraySource(x), RefineConfig(steps=15, batch_size=32,
-                                                            progress=False, trust=False))
+                                                            progress=False, trust=False,
+                                                            input_reading=reading))
 
 
 def test_in_domain_target_votes(parties):
@@ -57,7 +58,8 @@ def test_in_domain_target_votes(parties):
 def test_a_new_domain_is_adapted_on_the_feature_shift_alone(parties):
     received, x, _ = parties
     greyed = np.clip(x + 0.3, 0.0, 1.0).astype(np.float32)  # a grey background: a new domain
-    r = _refine(received, greyed)
+    # read as given: the default's input reading would take the grey away (the next test)
+    r = _refine(received, greyed, reading="off")
     assert r.novelty.gap < 0.3  # the claims alone would vote
     assert r.novelty.feature_shift > FEATURE_SHIFT and r.novelty.by == "feature shift"
     assert (r.branch.chosen, r.branch.by) == ("adapt", "novelty")
@@ -72,3 +74,12 @@ def test_a_new_domain_is_adapted_on_the_feature_shift_alone(parties):
     np.testing.assert_allclose(again, r.probs, atol=1e-5)
     d = r.to_dict()["novelty"]
     assert d["by"] == "feature shift" and d["feature_shift"] == r.novelty.feature_shift
+
+
+def test_the_default_reads_a_grey_background_away(parties):
+    received, x, _ = parties
+    greyed = np.clip(x + 0.3, 0.0, 1.0).astype(np.float32)
+    r = _refine(received, greyed)
+    assert r.reading.foreground and r.input_reading.reason == "searched"
+    # read as its foreground, the target is the parties' own domain again: they vote
+    assert r.novelty.feature_shift < FEATURE_SHIFT and r.branch.chosen == "vote"

@@ -59,6 +59,7 @@ class Adaptive(Distilled):
     vote = True  # step 7
     augment = True  # step 6
     trust_default = True
+    aligns_input = True  # the target read as the parties read it best (input_reading.py)
     takes_class_prior = True
 
     def evidence(self, state: RefineState) -> None:
