@@ -4,9 +4,8 @@ The parties' images and the pilot party's may be prepared differently. MNIST siz
 each digit to a 20×20 box centred in its 28×28 frame, while USPS's 16×16 digits fill their
 frame, so resized to 28×28 they are ~40 % larger than any MNIST digit; MNIST-M draws MNIST's
 digits as colour differences over natural-image patches, where MNIST has white strokes on
-black. Networks trained on one preparation misread the other (MNIST parties recognise USPS
-"9" 1.7 % of the time), and adaptation on the target recovers only part of it
-(docs/benchmarks/standard-digits.md).
+black. Networks trained on one preparation misread the other, and adaptation on the target
+recovers only part of it (docs/benchmarks/standard-digits.md, input-reading.md).
 
 The pilot party cannot see how the parties prepared their data, but it can ask their models.
 On a sample of the target, each reading of :data:`READINGS` (mrtf.io.reading: a shrink by
@@ -23,8 +22,8 @@ distillation and the labels (one label per original sample, in order). The refin
 file says the reading (``mrtf.input_reading``), so ``mrtf label`` reads new data the same way.
 
 Never enlarged: enlarging crops the image's edges, a loss the parties' confidence cannot see
-(USPS → MNIST: the parties read MNIST best at 1.4×, yet the labels came out worse there:
-docs/benchmarks/input-reading.md).
+(on USPS → MNIST the most informative enlargement gave worse labels than the target as
+given: docs/benchmarks/input-reading.md).
 """
 
 from __future__ import annotations
