@@ -199,9 +199,11 @@ def test_adaptive_adapts_the_average_when_the_target_is_new_to_the_parties(demo)
     refined = predict_probs(r.model, ArraySource(x), 256)
     np.testing.assert_allclose(refined, predict_probs(settled, ArraySource(x), 256), atol=1e-6)
     assert not np.allclose(refined, predict_probs(shot, ArraySource(x), 256), atol=1e-3)
-    # adapted labels: the ± reaches their own mean confidence (calibration.widened_for_adapted)
+    # adapted labels: the estimate is midway to their own mean confidence, the ± reaches it
+    # (adapted_estimate.midpoint_for_adapted)
     own = float(r.probs.max(1).mean())
     assert r.accuracy.plus_minus >= abs(own - r.accuracy.refined) - 1e-6
+    assert abs(float(r.calibration.confidence.mean()) - r.accuracy.refined) < 1e-4
     assert r.accuracy.plus_minus == r.calibration.plus_minus
     shuffled = refine(new, ArraySource(x, np.random.default_rng(1).permutation(y)),
                       _cfg(trust=False))

@@ -135,12 +135,12 @@ def choose_reading(parties: Sequence[nn.Module], source: Any, num_classes: int, 
     rows = sample_rows(len(source), len(parties), seed)
     x = source.take(rows)
     given = Reading()
-    info = {r.spec(): information_of(parties, r.apply(x), device)
-            for r in dict.fromkeys([given, *readings])}
-    best = max(info, key=info.__getitem__)
+    scored = {r: information_of(parties, r.apply(x), device)
+              for r in dict.fromkeys([given, *readings])}
+    best = max(scored, key=scored.__getitem__)
     tie = TIE * float(np.log(max(num_classes, 2)))
-    kept = Reading.parse(best) if info[best] - info[given.spec()] > tie else given
-    return ReadingChoice(kept, info, len(rows))
+    kept = best if scored[best] - scored[given] > tie else given
+    return ReadingChoice(kept, {r.spec(): v for r, v in scored.items()}, len(rows))
 
 
 def align_input(state: Any) -> None:

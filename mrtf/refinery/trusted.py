@@ -24,8 +24,9 @@ from mrtf.refinery.result import (
     PartyChecks,
 )
 from mrtf.refinery.teachers import check_finite, teacher_logits
+from mrtf.trust.adapted_estimate import midpoint_for_adapted
 from mrtf.trust.basin import SHARED_COSINE, assess_basin, weight_cosine
-from mrtf.trust.calibration import Signals, calibrate, uncalibrated, widened_for_adapted
+from mrtf.trust.calibration import Signals, calibrate, uncalibrated
 from mrtf.trust.neighbours import target_neighbours
 from mrtf.trust.received import sample_note, sample_rows
 from mrtf.trust.reliability import assess
@@ -66,11 +67,11 @@ def calibrated(probs: np.ndarray, before: np.ndarray, signals,
     paths report (mrtf.trust.calibration), with θ_{t+1}'s before refinement and the
     consensus' own view (optimistic where the models are weak); the temperature fitted on
     ``device`` (the refine's). ``adapted``: the labels come from θ_{t+1} adapted to the
-    target (the adaptive default's adapt branch), whose ± is widened
-    (calibration.widened_for_adapted)."""
+    target (the adaptive default's adapt branch), whose estimate is read midway between the
+    calibrator's and the labels' own confidence (adapted_estimate.midpoint_for_adapted)."""
     cal = calibration_of(probs, signals, device)
     if adapted and signals is not None:
-        cal = widened_for_adapted(cal, probs)
+        cal = midpoint_for_adapted(cal, probs, device)
     averaged = None if signals is None else \
         calibration_of(before, signals, device).estimated_accuracy
     return cal, AccuracyEstimate(cal.estimated_accuracy, cal.plus_minus, cal.method, averaged,

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -342,24 +342,6 @@ def calibrate(probs: np.ndarray, signals: Signals,
                        temperature_for(probs, est, device=device),
                        "grid-fitted logistic model of label-free signals"
                        + ("" if full else " (fallback, no neighbourhoods)"), notes)
-
-
-def widened_for_adapted(cal: Calibration, probs: np.ndarray) -> Calibration:
-    """``cal`` for labels that come from a model adapted to the target (SHOT and its
-    settling) instead of from the parties' consensus: the calibrator was fitted on labels the
-    parties mostly give and reads their agreement as evidence, so on labels the parties did
-    not give it reads too low, while the labels' own mean confidence (max probability) reads
-    too high. The ± is widened to reach that second reading, so the interval spans both; the
-    estimate is kept. Unchanged when the two agree within the ±. Why and how often it held:
-    docs/benchmarks/calibration.md ("adapted labels")."""
-    own = float(np.asarray(probs, dtype=np.float64).max(1).mean())
-    gap = abs(own - cal.estimated_accuracy)
-    if gap <= cal.plus_minus:
-        return cal
-    note = (f"the labels come from θ_{{t+1}} adapted to the target: the calibrator (fitted "
-            f"on labels the parties give) reads {cal.estimated_accuracy:.3f}, the labels' own "
-            f"confidence {own:.3f}; the ± spans both")
-    return replace(cal, plus_minus=gap, notes=[*cal.notes, note])
 
 
 def uncalibrated(probs: np.ndarray, temperature: float | None = None,

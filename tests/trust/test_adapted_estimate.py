@@ -1,0 +1,68 @@
+"""adapted_estimate.midpoint_for_adapted: adapted labels are estimated midway between the
+calibrator's reading and their own mean confidence, with a ± reaching both, and each sample's
+confidence follows the estimate without changing its order."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mrtf.trust.adapted_estimate import midpoint_for_adapted, shifted_to_mean
+from mrtf.trust.calibration import Calibration, apply_temperature, band_error
+
+
+def _cal(conf: np.ndarray, pm: float) -> Calibration:
+    conf = np.asarray(conf, np.float32)
+    return Calibration(conf, float(conf.mean()), pm, 1.5, "grid-fitted logistic model",
+                       ["kept"])
+
+
+def _probs(top: float, m: int = 1000) -> np.ndarray:
+    p = np.full((m, 4), (1 - top) / 3, np.float32)
+    p[:, 1] = top
+    return p
+
+
+def test_the_estimate_is_midway_and_the_interval_reaches_both_readings() -> None:
+    out = midpoint_for_adapted(_cal(np.full(1000, 0.80), 0.126), _probs(0.99))
+    assert abs(out.estimated_accuracy - 0.895) < 1e-5
+    # |0.99 - 0.80| / 2 and 2 binomial standard errors of 0.895 on 1,000 samples
+    assert abs(out.plus_minus - 0.095 - 2 * np.sqrt(0.895 * 0.105 / 1000)) < 1e-5
+    assert out.estimated_accuracy - out.plus_minus <= 0.80 + 1e-5
+    assert out.estimated_accuracy + out.plus_minus >= 0.99 - 1e-5
+    assert abs(float(out.confidence.mean()) - 0.895) < 1e-5
+    assert out.notes[0] == "kept" and "midway" in out.notes[1]
+    assert "0.800" in out.notes[1] and "0.990" in out.notes[1]
+
+
+def test_the_temperature_gives_the_new_estimate() -> None:
+    probs = np.random.default_rng(0).dirichlet(np.full(4, 0.3), 200).astype(np.float32)
+    out = midpoint_for_adapted(_cal(np.full(200, 0.5), 0.126), probs)
+    assert out.temperature != 1.5
+    assert abs(float(apply_temperature(probs, out.temperature).mean())
+               - out.estimated_accuracy) < 1e-3
+
+
+def test_readings_that_agree_keep_the_calibrators_band() -> None:
+    out = midpoint_for_adapted(_cal(np.full(400, 0.97), 0.027), _probs(0.97, 400))
+    assert abs(out.estimated_accuracy - 0.97) < 1e-5
+    assert abs(out.plus_minus - band_error(0.97)) < 1e-9  # not zero
+    few = midpoint_for_adapted(_cal(np.full(20, 0.97), 0.027), _probs(0.97, 20))
+    assert abs(few.plus_minus - 2 * np.sqrt(0.97 * 0.03 / 20)) < 1e-6  # sampling, if larger
+    one = midpoint_for_adapted(_cal(np.full(1, 0.5), 0.027), _probs(0.9, 1))
+    assert np.isfinite(one.plus_minus) and one.plus_minus > 0.2
+
+
+def test_a_too_confident_calibrator_is_pulled_down_and_the_band_is_a_floor() -> None:
+    out = midpoint_for_adapted(_cal(np.full(1000, 0.56), 0.126), _probs(0.44))
+    assert abs(out.estimated_accuracy - 0.50) < 1e-5
+    assert out.plus_minus == band_error(0.50) > 0.06 + 0.032  # the band, not half the gap
+
+
+def test_the_shift_keeps_the_order_and_the_bounds() -> None:
+    conf = np.random.default_rng(1).uniform(0.05, 0.95, 500).astype(np.float32)
+    for mean in (0.2, float(conf.mean()), 0.9):
+        out = shifted_to_mean(conf, mean)
+        assert abs(float(out.mean()) - mean) < 1e-5
+        assert np.all((out > 0) & (out < 1))
+        np.testing.assert_array_equal(np.argsort(out, kind="stable"),
+                                      np.argsort(conf, kind="stable"))
