@@ -142,7 +142,7 @@ def from_cells(cells: Path) -> None:
         own = cal + old_pm
         est = (cal + own) / 2
         sampling = 2 * math.sqrt(est * (1 - est) / m)
-        pm = max(old_pm / 2 + sampling, band_error(est))
+        pm = max(old_pm / 2 + sampling, band_error(cal), 2 * math.sqrt(cal * (1 - cal) / m))
         rows.append((f.stem, c["accuracy"], cal, old_pm, est, pm))
     print("| cell | accuracy | earlier est ± | midpoint est ± |\n|---|---|---|---|")
     for name, acc, cal, opm, est, pm in rows:

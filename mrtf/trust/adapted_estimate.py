@@ -14,7 +14,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from mrtf.trust.calibration import Calibration, band_error, plus_minus, temperature_for
+from mrtf.trust.calibration import Calibration, plus_minus, temperature_for
 
 
 def shifted_to_mean(conf: np.ndarray, mean: float) -> np.ndarray:
@@ -40,13 +40,14 @@ def midpoint_for_adapted(cal: Calibration, probs: np.ndarray,
     reads their disagreement with adapted labels as doubt) and the labels' own mean max
     probability (high: the settled model is sure of almost every label). The ± reaches both
     readings plus 2 binomial standard errors (the labels' accuracy on these m samples varies
-    around what both read), and is never narrower than the calibrator's own at that level
-    (its bands: where the adapted labels are poor, both readings can be high). Each sample's
-    confidence is shifted by one logit so its mean is the estimate."""
+    around what both read), and is never narrower than the calibrator's own ± (its band at
+    its reading: both readings can be off the same way, high where the adapted labels are
+    poor, low where the settled model is unsure of right labels). Each sample's confidence
+    is shifted by one logit so its mean is the estimate."""
     own = float(np.asarray(probs, dtype=np.float64).max(1).mean())
     est = (cal.estimated_accuracy + own) / 2
     m = len(cal.confidence)
-    pm = max(abs(own - cal.estimated_accuracy) / 2 + plus_minus(est, m, 0.0), band_error(est))
+    pm = max(abs(own - cal.estimated_accuracy) / 2 + plus_minus(est, m, 0.0), cal.plus_minus)
     note = (f"the labels come from θ_{{t+1}} adapted to the target: the calibrator (fitted "
             f"on labels the parties give) reads {cal.estimated_accuracy:.3f}, the labels' own "
             f"confidence {own:.3f}; the estimate is midway, the ± spans both")

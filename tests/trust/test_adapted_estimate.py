@@ -23,15 +23,15 @@ def _probs(top: float, m: int = 1000) -> np.ndarray:
 
 
 def test_the_estimate_is_midway_and_the_interval_reaches_both_readings() -> None:
-    out = midpoint_for_adapted(_cal(np.full(1000, 0.80), 0.126), _probs(0.99))
-    assert abs(out.estimated_accuracy - 0.895) < 1e-5
-    # |0.99 - 0.80| / 2 and 2 binomial standard errors of 0.895 on 1,000 samples
-    assert abs(out.plus_minus - 0.095 - 2 * np.sqrt(0.895 * 0.105 / 1000)) < 1e-5
-    assert out.estimated_accuracy - out.plus_minus <= 0.80 + 1e-5
+    out = midpoint_for_adapted(_cal(np.full(1000, 0.90), 0.027), _probs(0.99))
+    assert abs(out.estimated_accuracy - 0.945) < 1e-5
+    # |0.99 - 0.90| / 2 and 2 binomial standard errors of 0.945 on 1,000 samples
+    assert abs(out.plus_minus - 0.045 - 2 * np.sqrt(0.945 * 0.055 / 1000)) < 1e-5
+    assert out.estimated_accuracy - out.plus_minus <= 0.90 + 1e-5
     assert out.estimated_accuracy + out.plus_minus >= 0.99 - 1e-5
-    assert abs(float(out.confidence.mean()) - 0.895) < 1e-5
+    assert abs(float(out.confidence.mean()) - 0.945) < 1e-5
     assert out.notes[0] == "kept" and "midway" in out.notes[1]
-    assert "0.800" in out.notes[1] and "0.990" in out.notes[1]
+    assert "0.900" in out.notes[1] and "0.990" in out.notes[1]
 
 
 def test_the_temperature_gives_the_new_estimate() -> None:
@@ -42,20 +42,29 @@ def test_the_temperature_gives_the_new_estimate() -> None:
                - out.estimated_accuracy) < 1e-3
 
 
-def test_readings_that_agree_keep_the_calibrators_band() -> None:
+def test_readings_that_agree_keep_the_calibrators_own_interval() -> None:
     out = midpoint_for_adapted(_cal(np.full(400, 0.97), 0.027), _probs(0.97, 400))
     assert abs(out.estimated_accuracy - 0.97) < 1e-5
-    assert abs(out.plus_minus - band_error(0.97)) < 1e-9  # not zero
+    assert abs(out.plus_minus - 0.027) < 1e-9  # not zero
     few = midpoint_for_adapted(_cal(np.full(20, 0.97), 0.027), _probs(0.97, 20))
     assert abs(few.plus_minus - 2 * np.sqrt(0.97 * 0.03 / 20)) < 1e-6  # sampling, if larger
     one = midpoint_for_adapted(_cal(np.full(1, 0.5), 0.027), _probs(0.9, 1))
     assert np.isfinite(one.plus_minus) and one.plus_minus > 0.2
 
 
-def test_a_too_confident_calibrator_is_pulled_down_and_the_band_is_a_floor() -> None:
+def test_a_too_confident_calibrator_is_pulled_down_and_its_interval_is_a_floor() -> None:
     out = midpoint_for_adapted(_cal(np.full(1000, 0.56), 0.126), _probs(0.44))
     assert abs(out.estimated_accuracy - 0.50) < 1e-5
-    assert out.plus_minus == band_error(0.50) > 0.06 + 0.032  # the band, not half the gap
+    assert out.plus_minus == 0.126 > 0.06 + 0.032  # the calibrator's ±, not half the gap
+
+
+def test_the_floor_is_the_calibrators_interval_not_the_band_of_the_midpoint() -> None:
+    # a calibrator just under the top band's edge (its ± 0.126) and a midpoint above it: the
+    # interval keeps the calibrator's ±, not the narrower top band's
+    cal = _cal(np.full(1000, 0.84), band_error(0.84))
+    out = midpoint_for_adapted(cal, _probs(0.89))
+    assert out.estimated_accuracy > 0.85 and band_error(out.estimated_accuracy) < 0.05
+    assert out.plus_minus == band_error(0.84) == 0.126
 
 
 def test_the_shift_keeps_the_order_and_the_bounds() -> None:
