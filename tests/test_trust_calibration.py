@@ -38,6 +38,15 @@ def test_calibrated_confidence_is_a_probability_and_estimate_its_mean():
     assert apply_temperature(probs, t).mean() == pytest.approx(0.6, abs=2e-3)
 
 
+def test_without_the_temperature_fit_the_rest_is_the_same():
+    s, probs = _signals()
+    full, bare = calibrate(probs, s), calibrate(probs, s, fit_temperature=False)
+    np.testing.assert_array_equal(bare.confidence, full.confidence)
+    assert (bare.estimated_accuracy, bare.plus_minus, bare.method) == \
+        (full.estimated_accuracy, full.plus_minus, full.method)
+    assert bare.temperature == 1.0 != full.temperature
+
+
 def test_temperature_for_is_monotone():
     _, probs = _signals()
     assert temperature_for(probs, 0.9) < temperature_for(probs, 0.5)

@@ -21,6 +21,7 @@ calibration_fresh.py's received sets).
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from dataclasses import replace
@@ -31,7 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from mrtf.trust.adapted_estimate import midpoint_for_adapted  # noqa: E402
-from mrtf.trust.calibration import Calibration  # noqa: E402
+from mrtf.trust.calibration import Calibration, band_error, plus_minus  # noqa: E402
 from mrtf.trust.metrics import ece  # noqa: E402
 
 
@@ -74,7 +75,6 @@ def widened(cal: Calibration, probs: np.ndarray) -> Calibration:
 def raw(d) -> Calibration:
     """The calibrator's reading before any adapt-branch rule: the dump holds the printed
     estimate and ±, and the band ± of that estimate is what calibrate gave."""
-    from mrtf.trust.calibration import band_error, plus_minus
     est = float(d["conf"].mean())
     return Calibration(d["conf"], est, plus_minus(est, len(d["conf"]), band_error(est)), 1.0,
                        "dump")
@@ -125,10 +125,6 @@ def from_cells(cells: Path) -> None:
     earlier rule, without refining again: where that rule widened the ±, the labels' own
     confidence is the estimate + the ± (it is above the calibrator's reading on every cell
     dumped so far); m is the target's size (2,007 USPS, 9,001 MNIST-M test images)."""
-    import json
-    import math
-
-    from mrtf.trust.calibration import band_error
     rows = []
     for f in sorted(cells.glob("*-adaptive.json")):
         c = json.loads(f.read_text())
@@ -141,8 +137,8 @@ def from_cells(cells: Path) -> None:
             continue  # not widened: the own confidence is not recorded
         own = cal + old_pm
         est = (cal + own) / 2
-        sampling = 2 * math.sqrt(est * (1 - est) / m)
-        pm = max(old_pm / 2 + sampling, band_error(cal), 2 * math.sqrt(cal * (1 - cal) / m))
+        # the rule of adapted_estimate.midpoint_for_adapted, on the recorded readings
+        pm = max(old_pm / 2 + plus_minus(est, m, 0.0), plus_minus(cal, m, band_error(cal)))
         rows.append((f.stem, c["accuracy"], cal, old_pm, est, pm))
     print("| cell | accuracy | earlier est ± | midpoint est ± |\n|---|---|---|---|")
     for name, acc, cal, opm, est, pm in rows:
@@ -157,7 +153,6 @@ def against(out: Path, baselines: Path,
             simple: tuple[str, ...] = ("fedavg", "ensemble", "feddf", "st", "shot")) -> None:
     """The default's accuracy in each dumped set against the best simple method's, from a
     bench/label_quality.py results JSON of the same sets (rows: cell, seed, method)."""
-    import json
     best: dict[str, tuple[float, str]] = {}
     for row in json.loads(baselines.read_text())["rows"]:
         if row["method"] in simple:

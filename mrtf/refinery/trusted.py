@@ -53,11 +53,12 @@ def attach_consensus(signals: Signals | None, targets: np.ndarray) -> None:
         signals.consensus = np.asarray(targets, np.float32)
 
 
-def calibration_of(probs: np.ndarray, signals, device: str | torch.device = "cpu"):
+def calibration_of(probs: np.ndarray, signals, device: str | torch.device = "cpu",
+                   fit_temperature: bool = True):
     if signals is None:
         return uncalibrated(probs, why="no teachers ran (the method has none), so there are no "
                                        "signals to calibrate with")
-    return calibrate(probs, signals, device=device)
+    return calibrate(probs, signals, device=device, fit_temperature=fit_temperature)
 
 
 def calibrated(probs: np.ndarray, before: np.ndarray, signals,
@@ -69,11 +70,14 @@ def calibrated(probs: np.ndarray, before: np.ndarray, signals,
     ``device`` (the refine's). ``adapted``: the labels come from θ_{t+1} adapted to the
     target (the adaptive default's adapt branch), whose estimate is read midway between the
     calibrator's and the labels' own confidence (adapted_estimate.midpoint_for_adapted)."""
-    cal = calibration_of(probs, signals, device)
-    if adapted and signals is not None:
+    adapting = adapted and signals is not None
+    # the adapt branch fits its temperature to the midpoint, and θ_{t+1}'s reading is an
+    # estimate only: neither needs the calibrator's own temperature
+    cal = calibration_of(probs, signals, device, fit_temperature=not adapting)
+    if adapting:
         cal = midpoint_for_adapted(cal, probs, device)
     averaged = None if signals is None else \
-        calibration_of(before, signals, device).estimated_accuracy
+        calibration_of(before, signals, device, fit_temperature=False).estimated_accuracy
     return cal, AccuracyEstimate(cal.estimated_accuracy, cal.plus_minus, cal.method, averaged,
                                  consensus_view)
 

@@ -323,12 +323,15 @@ def apply_temperature(probs: np.ndarray, temperature: float) -> np.ndarray:
 
 def calibrate(probs: np.ndarray, signals: Signals,
               coef: tuple[float, ...] | np.ndarray | None = None,
-              device: str | torch.device = "cpu") -> Calibration:
+              device: str | torch.device = "cpu", fit_temperature: bool = True
+              ) -> Calibration:
     """Calibrated confidence of the labels argmax(probs) from label-free ``signals``: the
     model with the target's neighbourhoods when ``signals.neighbours`` is set, else the
     fallback model (said so in the notes). ``coef`` overrides the constants (the bench's
     leave-one-scenario-out fits). ``device``: where the temperature is fitted
-    (:func:`temperature_for`; the refine's device)."""
+    (:func:`temperature_for`; the refine's device). ``fit_temperature=False`` leaves it at
+    1.0, for a caller that reads only the estimate or fits its own (50 passes over the
+    probabilities: seconds at a million rows)."""
     full = signals.neighbours is not None
     w = np.asarray((COEF if full else FALLBACK_COEF) if coef is None else coef, np.float64)
     z = _logits_full(probs, signals, w) if full else \
@@ -339,7 +342,7 @@ def calibrate(probs: np.ndarray, signals: Signals,
     notes = [] if full else ["the target's neighbourhoods were not computed: the fallback "
                              f"calibrator (grid error {FALLBACK_GRID_ERROR}) was used"]
     return Calibration(conf, est, plus_minus(est, len(conf), err),
-                       temperature_for(probs, est, device=device),
+                       temperature_for(probs, est, device=device) if fit_temperature else 1.0,
                        "grid-fitted logistic model of label-free signals"
                        + ("" if full else " (fallback, no neighbourhoods)"), notes)
 
