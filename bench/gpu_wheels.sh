@@ -11,7 +11,7 @@ set -euo pipefail
 pkgs="faiss-cpu mlxtend flwr pytest-xdist execnet alembic annotated-types cffi cryptography fastapi
 grpcio-health-checking iterators mako prompt-toolkit pycparser pycryptodome pydantic
 pydantic-core sqlalchemy greenlet starlette tomli tomli-w typing-inspection tzdata uvicorn
-wcwidth"
+wcwidth skl2onnx"
 specs=()
 for p in $pkgs; do
   v=$(python -m pip show "$p" 2>/dev/null | sed -n 's/^Version: //p' || true)

@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from rss_timeline import run_sampled
 
 STAGES = ("teachers", "targets", "clr", "kmeans", "distill")
 
@@ -275,7 +276,8 @@ def run_e2e(root: Path, m: int, k: int, threads: int, method: str,
             "peak_rss_mb": rss, "load_before": load0,
             "load_after": os.getloadavg()[0], "stages": stages,
             "outputs_mb": whole_length_mb(m, 10), "poison": poison, "accuracy": accuracy,
-            "flagged": flagged, "estimated_accuracy": summary.get("estimated_accuracy")}
+            "flagged": flagged, "estimated_accuracy": summary.get("estimated_accuracy"),
+            "memory": summary["memory"], "cudnn": os.environ.get("SCALE_CUDNN", "1")}
 
 
 def refine_once(parties: Path, h5: Path, out: Path, method: str, env: dict[str, str]
@@ -287,15 +289,20 @@ def refine_once(parties: Path, h5: Path, out: Path, method: str, env: dict[str, 
     prof = os.environ.get("MRTF_PROFILE")
     run = [sys.executable, "-m", "cProfile", "-o", prof, shutil.which("mrtf") or "mrtf"] \
         if prof else ["mrtf"]
+    if os.environ.get("SCALE_CUDNN") == "0":  # issue 36: the same refine with cuDNN off
+        run = [sys.executable, "-c", "import sys, torch; torch.backends.cudnn.enabled = False;"
+               " from mrtf.cli.main import main; sys.argv[0] = 'mrtf'; main()"]
     cmd = [*run, "refine", str(parties), "--data", str(h5), "--labels",
            str(out / "labels.h5"), "--model", str(out / "refined.safetensors"), "--method",
            method, "--stream", "on", "--force", "--json", "--quiet"]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
+    proc = run_sampled(cmd, {**os.environ, **env})
     if proc.returncode:  # its own error, not only "exit status 1"
         sys.stderr.write(proc.stderr[-4000:])
-        proc.check_returncode()
-    return json.loads(proc.stdout.strip().splitlines()[-1]), time.perf_counter() - t0
+        raise subprocess.CalledProcessError(proc.returncode, cmd)
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    # what the peak was made of, and when (rss_timeline.py): the GPU path's peak RSS
+    summary["memory"] = {"peak": proc.peak, "timeline": proc.timeline}
+    return summary, proc.wall_s
 
 
 def _remove(out: Path) -> None:
@@ -383,6 +390,7 @@ def main_e2e(args: argparse.Namespace) -> None:
     for m in args.M:
         for k in args.K:
             tag = "" if args.poison is None else f"-{args.poison}"
+            tag += "-nocudnn" if os.environ.get("SCALE_CUDNN") == "0" else ""
             done = root / f"e2e-M{m}-K{k}{tag}.json"
             if not done.exists():
                 # one child per cell: RUSAGE_CHILDREN is this process' children's maximum
@@ -396,10 +404,14 @@ def main_e2e(args: argparse.Namespace) -> None:
                   f"{r['peak_rss_mb']:.0f} MB, accuracy {r.get('accuracy', float('nan')):.4f}, "
                   f"flagged {r.get('flagged')}, "
                   + " ".join(f"{n} {v['s']:.1f}s" for n, v in r["stages"].items()), flush=True)
-    if args.poison is not None:
-        return  # the time and memory plot is of the clean cells
+            if r.get("memory"):  # what the peak was made of (MB), and when (s)
+                print("  at the peak: " + " ".join(f"{n} {v:.0f}" for n, v in
+                                                   r["memory"]["peak"].items()), flush=True)
+    if args.poison is not None or os.environ.get("SCALE_CUDNN") == "0":
+        return  # the time and memory plot is of the clean default cells
     rows = sorted((json.loads(p.read_text()) for p in root.glob("e2e-M*-K*.json")
-                   if not json.loads(p.read_text()).get("poison")),
+                   if not json.loads(p.read_text()).get("poison")
+                   and json.loads(p.read_text()).get("cudnn", "1") == "1"),
                   key=lambda r: (r["K"], r["M"]))
     (root / "scale-e2e.json").write_text(json.dumps(rows, indent=2))
     plot_e2e(rows, root / "scale-e2e.png")
