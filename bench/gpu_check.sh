@@ -14,7 +14,6 @@
 #             BUDGET (at least 60 s); the slowest tests and the failures are printed
 #   memory    bench/gpu_memory.py: what the CUDA context, cuBLAS, cuDNN and pinned buffers add
 #             to the resident set (not in the default list)
-#   nocudnn   the scale cell with cuDNN disabled in the refine (not in the default list)
 #   teachers  bench/gpu_teachers.py (issue 14's teacher rates; not in the default list)
 #   backends  bench/knn_backends.py --M 1000000: CLR and k-means per backend, agreement with
 #             the CPU path (not in the default list)
@@ -105,19 +104,14 @@ s.sort_stats('tottime').print_stats(40)" > "$OUT/profile.txt" 2>&1 \
     memory)
       # what CUDA adds to the resident set, step by step (context, cuBLAS, cuDNN, pinned)
       timeout $(left) python3 bench/gpu_memory.py --out "$OUT/gpu_memory.json" ;;
-    nocudnn)
-      # the scale cell again with cuDNN disabled in the refine (its peak RSS and speed)
-      SCALE_CUDNN=0 OMP_NUM_THREADS=$THREADS timeout $(left) python3 bench/scale.py --e2e \
-        --M ${SCALE_M:-1000000} --K 10 --threads "$THREADS" --dir "$SCALE_DIR" 2>&1 | tail -8
-      cp "$SCALE_DIR"/e2e-M*-K10-nocudnn.json "$OUT/" 2>/dev/null ;;
     teachers)
       timeout $(left) python3 bench/gpu_teachers.py --K ${TEACHERS_K:-10 50} --n 65536 \
         --out "$OUT/gpu_teachers.json" ;;
     backends)
       OMP_NUM_THREADS=$THREADS timeout $(left) python3 bench/knn_backends.py --M 1000000 \
         --repeats 2 --out "$OUT/knn_backends.json" ;;
-    *) echo "unknown stage $stage (env device compare scale tests memory nocudnn teachers"\
-         "backends)"; exit 2 ;;
+    *) echo "unknown stage $stage (env device compare scale tests memory teachers backends)"
+       exit 2 ;;
   esac
 done
 echo "=== done $(date -u +%T) in ${SECONDS}s"

@@ -277,7 +277,7 @@ def run_e2e(root: Path, m: int, k: int, threads: int, method: str,
             "load_after": os.getloadavg()[0], "stages": stages,
             "outputs_mb": whole_length_mb(m, 10), "poison": poison, "accuracy": accuracy,
             "flagged": flagged, "estimated_accuracy": summary.get("estimated_accuracy"),
-            "memory": summary["memory"], "cudnn": os.environ.get("SCALE_CUDNN", "1")}
+            "memory": summary["memory"]}
 
 
 def refine_once(parties: Path, h5: Path, out: Path, method: str, env: dict[str, str]
@@ -289,9 +289,6 @@ def refine_once(parties: Path, h5: Path, out: Path, method: str, env: dict[str, 
     prof = os.environ.get("MRTF_PROFILE")
     run = [sys.executable, "-m", "cProfile", "-o", prof, shutil.which("mrtf") or "mrtf"] \
         if prof else ["mrtf"]
-    if os.environ.get("SCALE_CUDNN") == "0":  # issue 36: the same refine with cuDNN off
-        run = [sys.executable, "-c", "import sys, torch; torch.backends.cudnn.enabled = False;"
-               " from mrtf.cli.main import main; sys.argv[0] = 'mrtf'; main()"]
     cmd = [*run, "refine", str(parties), "--data", str(h5), "--labels",
            str(out / "labels.h5"), "--model", str(out / "refined.safetensors"), "--method",
            method, "--stream", "on", "--force", "--json", "--quiet"]
@@ -390,7 +387,6 @@ def main_e2e(args: argparse.Namespace) -> None:
     for m in args.M:
         for k in args.K:
             tag = "" if args.poison is None else f"-{args.poison}"
-            tag += "-nocudnn" if os.environ.get("SCALE_CUDNN") == "0" else ""
             done = root / f"e2e-M{m}-K{k}{tag}.json"
             if not done.exists():
                 # one child per cell: RUSAGE_CHILDREN is this process' children's maximum
@@ -407,11 +403,10 @@ def main_e2e(args: argparse.Namespace) -> None:
             if r.get("memory"):  # what the peak was made of (MB), and when (s)
                 print("  at the peak: " + " ".join(f"{n} {v:.0f}" for n, v in
                                                    r["memory"]["peak"].items()), flush=True)
-    if args.poison is not None or os.environ.get("SCALE_CUDNN") == "0":
-        return  # the time and memory plot is of the clean default cells
+    if args.poison is not None:
+        return  # the time and memory plot is of the clean cells
     rows = sorted((json.loads(p.read_text()) for p in root.glob("e2e-M*-K*.json")
-                   if not json.loads(p.read_text()).get("poison")
-                   and json.loads(p.read_text()).get("cudnn", "1") == "1"),
+                   if not json.loads(p.read_text()).get("poison")),
                   key=lambda r: (r["K"], r["M"]))
     (root / "scale-e2e.json").write_text(json.dumps(rows, indent=2))
     plot_e2e(rows, root / "scale-e2e.png")

@@ -46,8 +46,11 @@ def test_bf16_is_close_to_fp32_and_reports_its_agreement(teachers, device, stack
     assert 0 < diff < 0.05 * scale  # it ran in bf16, and bf16 is close
     assert fp32.agreement is None
     agree, rows = bf16.agreement
-    assert rows == 128  # the first chunk
-    want_agree = float((got[:, :128].argmax(2) == want[:, :128].argmax(2)).mean())
+    # the first chunk: 128 rows on the CPU; CUDA raises the chunk (teachers.CUDA_ROWS), so
+    # there it is all 300 (the H200 run of 2026-11-27 found the 128 written for the CPU)
+    first = min(bf16.batch_size, 300)
+    assert rows == first and (device == "cuda" or first == 128)
+    want_agree = float((got[:, :first].argmax(2) == want[:, :first].argmax(2)).mean())
     assert agree == pytest.approx(want_agree) and agree >= 0.9
 
 
