@@ -73,7 +73,7 @@ POISONS = ("clean", "random", "x100", "flipped", "rolled", "claims-1e6", "loss-0
     "fake-start", "sybils-round")
 TAKEOVERS = POISONS[-5:]
 #: ``fedavg:median`` / ``fedavg:trimmed:0.1``: the parameter average aggregated robustly;
-#: ``fedavg+trust``: the average without the parties mrtf.trust excludes (capped claims)
+#: ``fedavg+trust``: the average without the parties mrtf.trust excludes (claims checked)
 METHODS = ("fedavg", "feddf", "mrtf", "adaptive", "fedavg:median", "fedavg+trust")
 
 

@@ -101,7 +101,7 @@ def average_received(models: Sequence, by_samples: bool = True,
     """θ_{t+1}: the parameter average of received local models (``ReceivedModel`` list).
 
     Weighted by ``n_samples`` when every model reports it and ``by_samples`` is set, else
-    uniform (the MrTF paper's 1/|S_t|). ``weights``: given weights instead (e.g. the capped,
+    uniform (the MrTF paper's 1/|S_t|). ``weights``: given weights instead (e.g. the claim-checked,
     verdict-scaled weights of :mod:`mrtf.trust`). ``aggregate``: see :func:`aggregate_states`.
     All models must share one architecture. Returns ``(model in eval mode, weights used)``.
     """

@@ -77,7 +77,7 @@ def test_each_poison_kind_is_named(oneshot, kind, verdict):
     flagged = {p.name: p.verdict for p in report.flagged}
     assert flagged == {rs.models[0].name: verdict}, report.rows()
     assert report.parties[0].reasons
-    # a claim alone cannot dominate the average: capped at 3× the median party's weight
+    # a claim alone cannot dominate the average: a refused one counts as the median claim
     assert report.weights[0] <= 3.0 * float(np.median(report.weights)) + 1e-9
 
 

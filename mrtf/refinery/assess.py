@@ -63,7 +63,8 @@ def assess_received(received, source, device=None, batch_size: int = 1024,
 
 def kept_average(locals_r: list, report: ReliabilityReport, keep: list[int]):
     """The parameter average refine would use: the parties not excluded, with the report's
-    capped, verdict-scaled weights."""
+    claim-checked (a refused n_samples counts as the median claim), verdict-scaled
+    weights."""
     avg, _ = average_received([locals_r[i] for i in keep],
                               weights=[report.weights[i] or 1.0 for i in keep])
     return avg

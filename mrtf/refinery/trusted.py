@@ -139,7 +139,7 @@ class Trusted:
 def apply_trust(plan, source, config: RefineConfig, dev: torch.device,
                 student_given: bool) -> Trusted:
     """Measure every local model on the target set (mrtf.trust.reliability), leave the
-    excluded ones out of the teachers and rebuild θ_{t+1} from the others with capped,
+    excluded ones out of the teachers and rebuild θ_{t+1} from the others with claim-checked,
     verdict-scaled weights and ``config.aggregate``. Changes ``plan`` in place.
 
     Above mrtf.trust.received.TRUST_SAMPLE target samples they are measured on a subset
@@ -229,7 +229,7 @@ def _no_average(plan, basin, student_given: bool) -> str:
 def _act(plan, locals_r: list, report, config: RefineConfig, dev: torch.device,
          student_given: bool) -> list[int]:
     """The verdicts applied to ``plan``: the excluded parties out of the teachers, θ_{t+1}
-    rebuilt from the others (capped, verdict-scaled weights, ``config.aggregate``) when
+    rebuilt from the others (claim-checked, verdict-scaled weights, ``config.aggregate``) when
     anyone was flagged or the aggregate is not the mean. Returns the kept indices."""
     k = len(locals_r)
     keep = [i for i in range(k) if i not in report.excluded]

@@ -35,7 +35,8 @@ from scipy.optimize import linear_sum_assignment
 
 from mrtf.trust.weights import renamed_outputs, statistics_norm, weight_geometry
 
-#: a claimed n_samples above CLAIM_CAP × the median claim is capped there (averaging weight)
+#: a claimed n_samples above CLAIM_CAP × the median claim is refused: the party is averaged
+#: with the median claim's weight, as if it had claimed what a typical party does
 CLAIM_CAP = 3.0
 #: averaging / ensemble weight factor of a down-weighted party
 DOWN_WEIGHT = 0.5
@@ -100,7 +101,8 @@ class PartyReliability:
     class rows the best matching to θ_t's (else the others' median) rows moves, and at what
     fraction of the identity's squared distance (mrtf.trust.weights; None where not
     measured). claimed_samples, claimed_loss: its metadata.
-    weight: its share of the parameter average (0 when excluded; claims capped).
+    weight: its share of the parameter average (0 when excluded; a refused claim counts as
+    the median claim).
     verdict: 'trusted' | 'down-weighted' | 'excluded'. reasons: why, in words.
     """
 
@@ -120,7 +122,8 @@ class PartyReliability:
     weight: float = 0.0
     verdict: str = "trusted"
     reasons: list[str] = field(default_factory=list)
-    #: the reasons that are refused claims (n_samples capped, train_loss not used)
+    #: the reasons that are refused claims (n_samples counted as the median claim, train_loss
+    #: not used)
     refused_claims: list[str] = field(default_factory=list)
 
     @property
@@ -364,8 +367,8 @@ def _loss_reasons(p: PartyReliability, losses: list[float], med_agree: float) ->
 
 
 def _cap_claims(parties: list[PartyReliability]) -> None:
-    """A claimed n_samples above CLAIM_CAP × the median claim is named (and capped in
-    :func:`_avg_weights`): a claim alone cannot dominate the average."""
+    """A claimed n_samples above CLAIM_CAP × the median claim is named (and refused in
+    :func:`_avg_weights`): a claim alone cannot move the average."""
     claims = [p.claimed_samples for p in parties]
     if not all(isinstance(c, int) and c > 0 for c in claims):
         return
@@ -374,7 +377,7 @@ def _cap_claims(parties: list[PartyReliability]) -> None:
         if p.claimed_samples > cap:
             why = (f"claims {p.claimed_samples:,} samples, "
                    f"{p.claimed_samples / (cap / CLAIM_CAP):.0f}× the median claim: "
-                   f"its averaging weight is capped at {CLAIM_CAP:g}× the median")
+                   "refused, it is averaged with the median claim's weight")
             p.reasons.append(why)
             p.refused_claims.append(why)
             if p.verdict == "trusted":
@@ -382,17 +385,20 @@ def _cap_claims(parties: list[PartyReliability]) -> None:
 
 
 def _avg_weights(parties: list[PartyReliability]) -> list[float]:
-    """Parameter-average weights: claimed n_samples (capped at CLAIM_CAP × the median claim)
-    when every party claims one, else uniform; × the verdict's factor; normalised."""
+    """Parameter-average weights: claimed n_samples when every party claims one, else
+    uniform; × the verdict's factor; normalised. A claim above CLAIM_CAP × the median claim
+    counts as the median claim. Capping it at CLAIM_CAP × the median instead still let an
+    honest model claiming 10⁶ samples move θ_{t+1}: −3.3 points over ten refine seeds on
+    one Dirichlet 0.1 federation, −1.4 with the median (docs/benchmarks/takeover.md)."""
     claims = [p.claimed_samples for p in parties]
     if all(isinstance(c, int) and c > 0 for c in claims):
-        cap = CLAIM_CAP * float(np.median(claims))
-        base = [min(float(c), cap) for c in claims]
+        median = float(np.median(claims))
+        base = [median if c > CLAIM_CAP * median else float(c) for c in claims]
     else:
         base = [1.0] * len(parties)
     raw = [b * p.factor for b, p in zip(base, parties)]
     total = math.fsum(raw)
-    if total <= 0:  # every party excluded: fall back to the capped claims, said by the caller
+    if total <= 0:  # every party excluded: fall back to the claims, said by the caller
         raw, total = base, math.fsum(base)
     weights = [r / total for r in raw]
     for p, w in zip(parties, weights):

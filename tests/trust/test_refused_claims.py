@@ -47,15 +47,18 @@ def test_loss_claim_is_refused_without_halving_the_votes(oneshot):
     np.testing.assert_allclose(report.weights, clean.weights, rtol=1e-12)
 
 
-def test_sample_claim_is_capped_not_halved(oneshot):
+def test_a_refused_sample_claim_counts_as_the_median_claim_and_is_not_halved(oneshot):
     rs, target = oneshot
     report = _report(_claiming(rs, n_samples=10**6, label_counts=None), target)
     p0 = report.parties[0]
     assert p0.verdict == "down-weighted" and p0.claims_only and p0.factor == 1.0
+    assert any("refused" in r and "median claim's weight" in r for r in p0.refused_claims)
     claims = [10**6] + [m.meta.n_samples for m in rs.by_role("local")[1:]]
-    cap = CLAIM_CAP * float(np.median(claims))
-    base = [min(c, cap) for c in claims]
-    assert report.weights[0] == pytest.approx(cap / sum(base))
+    median = float(np.median(claims))
+    assert 10**6 > CLAIM_CAP * median
+    base = [median] + [float(c) for c in claims[1:]]  # the honest claims stand
+    assert report.weights[0] == pytest.approx(median / sum(base))
+    np.testing.assert_allclose(report.weights[1:], np.array(base[1:]) / sum(base), rtol=1e-9)
 
 
 def test_a_claim_does_not_shield_misbehaviour():

@@ -126,8 +126,9 @@ def client_update(who: str, party: int, arrays: Mapping[str, np.ndarray],
 
 
 def claim_cap(claims: Sequence[int]) -> float:
-    """The most samples one party's claim may count for: CLAIM_CAP × the median claim (as
-    refine caps received files' ``mrtf.n_samples``, mrtf.trust.reliability)."""
+    """The most samples one party's claim may count for in a training round: CLAIM_CAP × the
+    median claim. (refine instead counts a received file's claim above it as the median
+    claim: mrtf.trust.reliability.)"""
     return CLAIM_CAP * float(np.median(claims)) if claims else math.inf
 
 
