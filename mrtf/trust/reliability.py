@@ -14,7 +14,7 @@ model behave on its target set. For each local model this module measures
   (random weights, weights × 100), and whether its **output layer is θ_t's with the class
   rows renamed** (mrtf.trust.weights; parties too weak for the behavioural checks);
 - its **claims** (``n_samples``, ``train_loss``) against the others' and against its behaviour:
-  a claim alone never buys more than :data:`CLAIM_CAP` × the median party's averaging weight.
+  an n_samples above :data:`CLAIM_CAP` × the median claim is refused (weighted as the median).
 
 and gives a verdict: ``trusted``, ``down-weighted`` (averaging and ensemble weight ×
 :data:`DOWN_WEIGHT`) or ``excluded`` (left out of the parameter average and the ensemble), with
@@ -35,8 +35,7 @@ from scipy.optimize import linear_sum_assignment
 
 from mrtf.trust.weights import renamed_outputs, statistics_norm, weight_geometry
 
-#: a claimed n_samples above CLAIM_CAP × the median claim is refused: the party is averaged
-#: with the median claim's weight, as if it had claimed what a typical party does
+#: a claimed n_samples above CLAIM_CAP × the median claim is refused (weighted as the median)
 CLAIM_CAP = 3.0
 #: averaging / ensemble weight factor of a down-weighted party
 DOWN_WEIGHT = 0.5
@@ -101,8 +100,7 @@ class PartyReliability:
     class rows the best matching to θ_t's (else the others' median) rows moves, and at what
     fraction of the identity's squared distance (mrtf.trust.weights; None where not
     measured). claimed_samples, claimed_loss: its metadata.
-    weight: its share of the parameter average (0 when excluded; a refused claim counts as
-    the median claim).
+    weight: its share of the parameter average (0 when excluded; a refused claim: the median's).
     verdict: 'trusted' | 'down-weighted' | 'excluded'. reasons: why, in words.
     """
 
@@ -122,8 +120,7 @@ class PartyReliability:
     weight: float = 0.0
     verdict: str = "trusted"
     reasons: list[str] = field(default_factory=list)
-    #: the reasons that are refused claims (n_samples counted as the median claim, train_loss
-    #: not used)
+    #: the reasons that are refused claims (n_samples as the median claim, train_loss unused)
     refused_claims: list[str] = field(default_factory=list)
 
     @property
@@ -367,8 +364,7 @@ def _loss_reasons(p: PartyReliability, losses: list[float], med_agree: float) ->
 
 
 def _cap_claims(parties: list[PartyReliability]) -> None:
-    """A claimed n_samples above CLAIM_CAP × the median claim is named (and refused in
-    :func:`_avg_weights`): a claim alone cannot move the average."""
+    """A claimed n_samples above CLAIM_CAP × the median claim is named (refused: _avg_weights)."""
     claims = [p.claimed_samples for p in parties]
     if not all(isinstance(c, int) and c > 0 for c in claims):
         return
@@ -385,11 +381,9 @@ def _cap_claims(parties: list[PartyReliability]) -> None:
 
 
 def _avg_weights(parties: list[PartyReliability]) -> list[float]:
-    """Parameter-average weights: claimed n_samples when every party claims one, else
-    uniform; × the verdict's factor; normalised. A claim above CLAIM_CAP × the median claim
-    counts as the median claim. Capping it at CLAIM_CAP × the median instead still let an
-    honest model claiming 10⁶ samples move θ_{t+1}: −3.3 points over ten refine seeds on
-    one Dirichlet 0.1 federation, −1.4 with the median (docs/benchmarks/takeover.md)."""
+    """Parameter-average weights: claimed n_samples when every party claims one (a claim above
+    CLAIM_CAP × the median counts as the median: a cap there still let an honest model's 10⁶
+    claim move θ_{t+1}, docs/benchmarks/takeover.md), else uniform; × the verdict; normalised."""
     claims = [p.claimed_samples for p in parties]
     if all(isinstance(c, int) and c > 0 for c in claims):
         median = float(np.median(claims))
