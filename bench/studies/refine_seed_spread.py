@@ -11,6 +11,10 @@ federation seed and kind, the mean, the range, and the mean's difference from cl
     OMP_NUM_THREADS=1 python refine_seed_spread.py --out OUT --seeds 11 &
     OMP_NUM_THREADS=1 python refine_seed_spread.py --out OUT --seeds 12,13
     python refine_seed_spread.py --out OUT --report
+
+``--ensemble SETTING:SEED`` instead refines one clean federation at 9 refine seeds and scores
+their labels alone, three ensembles of 3 (the summed probabilities of seeds k = 0-2, 3-5,
+6-8) and the ensemble of all 9 (one JSON ``ensemble-SETTING-sSEED.json``).
 """
 
 from __future__ import annotations
@@ -53,8 +57,26 @@ def run(out: Path, setting: str, seed: int, kinds: list[str], refine_seeds: int)
             print(f"{setting} s{seed} {kind:12s} r{k} {row['accuracy']:.3f}", flush=True)
 
 
+def ensembles(out: Path, setting: str, seed: int) -> dict:
+    """The default at 9 refine seeds on one clean federation: each alone, three ensembles of
+    3 (summed probabilities), the ensemble of 9."""
+    cfg = SETTINGS[setting]
+    fed = prepare_run(cfg, seed)
+    received, _ = _received(run_fedavg(cfg, fed, seed=seed))
+    target, y = ArraySource(fed.target_x.numpy()), fed.target_y.numpy()
+    probs = [refine(received, target, _config("adaptive", seed + 100 * k)).probs
+             for k in range(9)]
+    row = {"setting": setting, "seed": seed,
+           "single": [accuracy_of(p, y) for p in probs],
+           "ensembles_of_3": [accuracy_of(sum(probs[i:i + 3]), y) for i in (0, 3, 6)],
+           "ensemble_of_9": accuracy_of(sum(probs), y)}
+    (out / f"ensemble-{setting}-s{seed}.json").write_text(json.dumps(row))
+    return row
+
+
 def report(out: Path) -> str:
-    rows = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
+    rows = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))
+            if not p.name.startswith("ensemble-")]
     acc: dict[tuple, list[float]] = {}
     for r in rows:
         acc.setdefault((r["setting"], r["seed"], r["kind"]), []).append(r["accuracy"])
@@ -67,6 +89,15 @@ def report(out: Path) -> str:
             f"{100 * (np.mean(v) - np.mean(clean)):+.1f}"
         lines.append(f"| {setting} | {seed} | {kind} | {len(v)} | {np.mean(v):.3f} | "
                      f"{min(v):.3f} - {max(v):.3f} | {delta} |")
+    ens = [json.loads(p.read_text()) for p in sorted(out.glob("ensemble-*.json"))]
+    if ens:
+        lines += ["", "| setting | seed | 9 refines alone: mean (min - max) | ensembles of 3 "
+                  "| ensemble of 9 |", "|---|---|---|---|---|"]
+    for r in ens:
+        one = r["single"]
+        lines.append(f"| {r['setting']} | {r['seed']} | {np.mean(one):.3f} ({min(one):.3f} - "
+                     f"{max(one):.3f}) | " + " / ".join(f"{a:.3f}" for a in r["ensembles_of_3"])
+                     + f" | {r['ensemble_of_9']:.3f} |")
     return "\n".join(lines)
 
 
@@ -78,11 +109,18 @@ def main() -> None:
     ap.add_argument("--kinds", default="clean,claims-1e6,absent")
     ap.add_argument("--refine-seeds", type=int, default=10)
     ap.add_argument("--report", action="store_true")
+    ap.add_argument("--ensemble", metavar="SETTING:SEED", action="append",
+                    help="seed ensembles of the default on a clean federation (repeatable)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.report:
         print(report(out))
+        return
+    for spec in args.ensemble or ():
+        setting, seed = spec.rsplit(":", 1)
+        print(json.dumps(ensembles(out, setting, int(seed))), flush=True)
+    if args.ensemble:
         return
     for seed in map(int, args.seeds.split(",")):
         run(out, args.setting, seed, args.kinds.split(","), args.refine_seeds)
