@@ -14,6 +14,7 @@
 #             BUDGET (at least 60 s); the slowest tests and the failures are printed
 #   memory    bench/gpu_memory.py: what the CUDA context, cuBLAS, cuDNN and pinned buffers add
 #             to the resident set (not in the default list)
+#   trim      the scale cell with malloc_trim(0) after each stage (not in the default list)
 #   teachers  bench/gpu_teachers.py (issue 14's teacher rates; not in the default list)
 #   backends  bench/knn_backends.py --M 1000000: CLR and k-means per backend, agreement with
 #             the CPU path (not in the default list)
@@ -88,7 +89,9 @@ print('k-NN / k-means backend:', choose_backend(None))"
       # PROFILE=1: the refine runs under cProfile (MRTF_PROFILE; it slows the run), its top
       # calls in $OUT/profile.txt
       prof=(); [ "${PROFILE:-0}" = 1 ] && prof=(MRTF_PROFILE="$SCALE_DIR/scale.prof")
-      env "${prof[@]}" OMP_NUM_THREADS=$THREADS timeout $(left 240) python3 bench/scale.py --e2e \
+      # SCALE_STAGES=1: the memory at each stage's end (bench/stage_memory.py)
+      env "${prof[@]}" SCALE_STAGES=1 OMP_NUM_THREADS=$THREADS timeout $(left 240) \
+        python3 bench/scale.py --e2e \
         --M ${SCALE_M:-1000000} --K 10 --threads "$THREADS" --dir "$SCALE_DIR" 2>&1 | tail -20
       cp "$SCALE_DIR"/e2e-M*-K10.json "$OUT/" 2>/dev/null
       [ "${PROFILE:-0}" = 1 ] && python3 -c "import pstats, sys; s = pstats.Stats('$SCALE_DIR/scale.prof', stream=sys.stdout)
@@ -108,13 +111,20 @@ s.sort_stats('tottime').print_stats(40)" > "$OUT/profile.txt" 2>&1 \
     memory)
       # what CUDA adds to the resident set, step by step (context, cuBLAS, cuDNN, pinned)
       timeout $(left 90) python3 bench/gpu_memory.py --out "$OUT/gpu_memory.json" ;;
+    trim)
+      # the scale cell again with glibc's malloc_trim(0) after each stage: is the peak memory
+      # that stages freed and the allocator kept?
+      SCALE_TRIM=1 OMP_NUM_THREADS=$THREADS timeout $(left 240) python3 bench/scale.py --e2e \
+        --M ${SCALE_M:-1000000} --K 10 --threads "$THREADS" --dir "$SCALE_DIR" 2>&1 | tail -9
+      cp "$SCALE_DIR"/e2e-M*-K10-trim.json "$OUT/" 2>/dev/null ;;
     teachers)
       timeout $(left 120) python3 bench/gpu_teachers.py --K ${TEACHERS_K:-10 50} --n 65536 \
         --out "$OUT/gpu_teachers.json" ;;
     backends)
       OMP_NUM_THREADS=$THREADS timeout $(left 240) python3 bench/knn_backends.py --M 1000000 \
         --repeats 2 --out "$OUT/knn_backends.json" ;;
-    *) echo "unknown stage $stage (env device compare scale tests memory teachers backends)"
+    *) echo "unknown stage $stage (env device compare scale tests memory trim teachers" \
+         "backends)"
        exit 2 ;;
   esac
 done

@@ -289,6 +289,11 @@ def refine_once(parties: Path, h5: Path, out: Path, method: str, env: dict[str, 
     prof = os.environ.get("MRTF_PROFILE")
     run = [sys.executable, "-m", "cProfile", "-o", prof, shutil.which("mrtf") or "mrtf"] \
         if prof else ["mrtf"]
+    stages = out.parent / f".stages-{out.name}.json"
+    if os.environ.get("SCALE_STAGES") == "1" or os.environ.get("SCALE_TRIM") == "1":
+        # stage_memory.py: the memory at each stage's end (and malloc_trim there, SCALE_TRIM)
+        run = [sys.executable, str(Path(__file__).with_name("stage_memory.py")), str(stages),
+               *(["--trim"] if os.environ.get("SCALE_TRIM") == "1" else []), "--"]
     cmd = [*run, "refine", str(parties), "--data", str(h5), "--labels",
            str(out / "labels.h5"), "--model", str(out / "refined.safetensors"), "--method",
            method, "--stream", "on", "--force", "--json", "--quiet"]
@@ -298,7 +303,10 @@ def refine_once(parties: Path, h5: Path, out: Path, method: str, env: dict[str, 
         raise subprocess.CalledProcessError(proc.returncode, cmd)
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     # what the peak was made of, and when (rss_timeline.py): the GPU path's peak RSS
-    summary["memory"] = {"peak": proc.peak, "timeline": proc.timeline}
+    summary["memory"] = {"peak": proc.peak, "timeline": proc.timeline,
+                         "stages": json.loads(stages.read_text()) if stages.exists() else None,
+                         "trim": os.environ.get("SCALE_TRIM") == "1"}
+    stages.unlink(missing_ok=True)
     return summary, proc.wall_s
 
 
@@ -387,6 +395,7 @@ def main_e2e(args: argparse.Namespace) -> None:
     for m in args.M:
         for k in args.K:
             tag = "" if args.poison is None else f"-{args.poison}"
+            tag += "-trim" if os.environ.get("SCALE_TRIM") == "1" else ""
             done = root / f"e2e-M{m}-K{k}{tag}.json"
             if not done.exists():
                 # one child per cell: RUSAGE_CHILDREN is this process' children's maximum
@@ -403,10 +412,15 @@ def main_e2e(args: argparse.Namespace) -> None:
             if r.get("memory"):  # what the peak was made of (MB), and when (s)
                 print("  at the peak: " + " ".join(f"{n} {v:.0f}" for n, v in
                                                    r["memory"]["peak"].items()), flush=True)
-    if args.poison is not None:
-        return  # the time and memory plot is of the clean cells
+                for row in r["memory"].get("stages") or ():  # SCALE_STAGES / SCALE_TRIM
+                    print(f"  after {row['stage']:16s} {row['s']:6.1f}s RSS {row['VmRSS']:.0f}"
+                          f" (anon {row['RssAnon']:.0f}) peak so far {row['VmHWM']:.0f}",
+                          flush=True)
+    if args.poison is not None or os.environ.get("SCALE_TRIM") == "1":
+        return  # the time and memory plot is of the clean, untrimmed cells
     rows = sorted((json.loads(p.read_text()) for p in root.glob("e2e-M*-K*.json")
-                   if not json.loads(p.read_text()).get("poison")),
+                   if not json.loads(p.read_text()).get("poison")
+                   and not p.name.endswith("-trim.json")),
                   key=lambda r: (r["K"], r["M"]))
     (root / "scale-e2e.json").write_text(json.dumps(rows, indent=2))
     plot_e2e(rows, root / "scale-e2e.png")
