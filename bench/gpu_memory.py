@@ -17,17 +17,14 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 STEPS = r"""
-import json, sys, time
-FIELDS = ("VmRSS", "RssAnon", "RssFile", "RssShmem", "VmLck", "VmPin", "VmHWM")
+import json, os, sys, time
+sys.path.insert(0, sys.argv[2])  # bench/: rss_timeline
+from rss_timeline import read_status
 def status():
-    out = {}
-    for line in open("/proc/self/status"):
-        name, _, value = line.partition(":")
-        if name in FIELDS:
-            out[name] = round(int(value.split()[0]) / 1024)
-    return out
+    return {k: round(v) for k, v in read_status(os.getpid()).items()}
 rows = []
 def mark(step, t0):
     rows.append({"step": step, "s": round(time.perf_counter() - t0, 2), **status()})
@@ -64,6 +61,7 @@ mark("64 MB pinned", t)
 print(json.dumps(rows))
 """
 
+BENCH = str(Path(__file__).resolve().parent)
 VARIANTS = {"default": ({}, "cudnn"), "cudnn disabled": ({}, "nocudnn"),
             "eager module loading": ({"CUDA_MODULE_LOADING": "EAGER"}, "cudnn")}
 
@@ -74,7 +72,7 @@ def main() -> None:
     args = ap.parse_args()
     results = {}
     for name, (env, mode) in VARIANTS.items():
-        proc = subprocess.run([sys.executable, "-c", STEPS, mode], capture_output=True,
+        proc = subprocess.run([sys.executable, "-c", STEPS, mode, BENCH], capture_output=True,
                               text=True, env={**os.environ, **env}, timeout=300)
         if proc.returncode:
             results[name] = {"error": proc.stderr[-2000:]}

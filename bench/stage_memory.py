@@ -5,30 +5,27 @@ builds up, and whether memory freed by a stage but kept by the allocator is part
     python bench/stage_memory.py OUT.json [--trim] -- refine RECEIVED --data ... [mrtf args]
 
 OUT.json gets one row per stage end (teachers, evidence, targets, fit, report): the seconds
-since start and ``/proc/self/status``'s VmRSS, RssAnon, RssFile, RssShmem and VmHWM in MB
-(after the trim, with --trim). The stages are wrapped, not changed: the labels are the same.
+since start and ``/proc/self/status``'s fields of rss_timeline.FIELDS in MB (after the trim,
+with --trim). The stages are wrapped, not changed: the labels are the same.
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
-FIELDS = ("VmRSS", "RssAnon", "RssFile", "RssShmem", "VmHWM")
+from rss_timeline import read_status  # bench/ is this script's directory
+
 STAGES = ("teach", "gather_evidence", "make_targets", "fit", "report")
 
 
 def status() -> dict[str, float]:
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            name, _, value = line.partition(":")
-            if name in FIELDS:
-                out[name] = round(int(value.split()[0]) / 1024, 1)
-    return out
+    """This process's rss_timeline.FIELDS in MB, to 0.1 MB."""
+    return {k: round(v, 1) for k, v in (read_status(os.getpid()) or {}).items()}
 
 
 def wrap(pipeline, rows: list[dict], trim) -> None:

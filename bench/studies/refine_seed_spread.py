@@ -34,13 +34,19 @@ from mrtf.io.hdf5 import ArraySource  # noqa: E402
 from mrtf.refinery import accuracy_of, refine  # noqa: E402
 
 
-def run(out: Path, setting: str, seed: int, kinds: list[str], refine_seeds: int) -> None:
-    """Refine each kind of one federation at ``refine_seeds`` seeds; cached per refine."""
+def federation(setting: str, seed: int):
+    """bench/poison.py's federation: (its config, the simulation, the received set, the
+    target, its y)."""
     cfg = SETTINGS[setting]
     fed = prepare_run(cfg, seed)
     sim = run_fedavg(cfg, fed, seed=seed)
     received, _ = _received(sim)
-    target, y = ArraySource(fed.target_x.numpy()), fed.target_y.numpy()
+    return cfg, sim, received, ArraySource(fed.target_x.numpy()), fed.target_y.numpy()
+
+
+def run(out: Path, setting: str, seed: int, kinds: list[str], refine_seeds: int) -> None:
+    """Refine each kind of one federation at ``refine_seeds`` seeds; cached per refine."""
+    cfg, sim, received, target, y = federation(setting, seed)
     for kind in kinds:
         parties = poisoned(received, sim, cfg, kind, seed)
         for k in range(refine_seeds):
@@ -60,10 +66,7 @@ def run(out: Path, setting: str, seed: int, kinds: list[str], refine_seeds: int)
 def ensembles(out: Path, setting: str, seed: int) -> dict:
     """The default at 9 refine seeds on one clean federation: each alone, three ensembles of
     3 (summed probabilities), the ensemble of 9."""
-    cfg = SETTINGS[setting]
-    fed = prepare_run(cfg, seed)
-    received, _ = _received(run_fedavg(cfg, fed, seed=seed))
-    target, y = ArraySource(fed.target_x.numpy()), fed.target_y.numpy()
+    _, _, received, target, y = federation(setting, seed)
     probs = [refine(received, target, _config("adaptive", seed + 100 * k)).probs
              for k in range(9)]
     row = {"setting": setting, "seed": seed,
