@@ -76,8 +76,8 @@ def raw(d) -> Calibration:
     """The calibrator's reading before any adapt-branch rule: the dump holds the printed
     estimate and ±, and the band ± of that estimate is what calibrate gave."""
     est = float(d["conf"].mean())
-    return Calibration(d["conf"], est, plus_minus(est, len(d["conf"]), band_error(est)), 1.0,
-                       "dump")
+    pm = plus_minus(est, len(d["conf"]), band_error(est, d["probs"].shape[1]))
+    return Calibration(d["conf"], est, pm, 1.0, "dump")
 
 
 def report(out: Path) -> None:

@@ -18,9 +18,9 @@ target whose classes are not very skewed, and reads a skewed one as doubt). w an
 grid (bench/calibration.py) — as the default method was chosen on that grid — and are fixed:
 at run time nothing reads ``y``. The estimated accuracy of the labels is the mean calibrated
 confidence; its ± is the larger of the sampling error and what 9 in 10 out-of-sample
-estimates at that level held (:data:`ERROR_BANDS`). Signals without neighbourhoods (a caller that
-builds them itself) get the earlier 12-signal model (:data:`FALLBACK_COEF`), said so in the
-notes.
+estimates at that level held (:data:`ERROR_BANDS`; in the lowest band at least the way down
+to chance). Signals without neighbourhoods (a caller that builds them itself) get the earlier
+12-signal model (:data:`FALLBACK_COEF`), said so in the notes.
 
 For ``mrtf label`` (one model, no parties) the refined model carries a temperature T (its
 bundle's ``mrtf.calibration``), chosen at refine time so that its max probability at T has the
@@ -250,10 +250,18 @@ class Calibration:
                 f"(±{self.plus_minus:.3f}; label-free, {self.method})")
 
 
-def band_error(estimate: float,
+def band_error(estimate: float, classes: int | None = None,
                bands: tuple[tuple[float, float], ...] = ERROR_BANDS) -> float:
-    """The ± that 9 in 10 out-of-sample estimates at this level held (:data:`ERROR_BANDS`)."""
-    return next((err for lo, err in bands if estimate >= lo), bands[-1][1])
+    """The ± that 9 in 10 out-of-sample estimates at this level held (:data:`ERROR_BANDS`).
+
+    In the lowest band, given the number of ``classes``, the ± also reaches down to chance
+    (1/classes): an estimate that says most labels are wrong cannot tell "mostly wrong" from
+    "no better than guessing" (confidently wrong parties that agree look like weakly right
+    ones), and its misses there were all too high, by up to 18 points
+    (docs/benchmarks/calibration.md, "The lowest band reaches chance")."""
+    err = next((e for lo, e in bands if estimate >= lo), bands[-1][1])
+    lowest = len(bands) == 1 or estimate < bands[-2][0]
+    return max(err, estimate - 1.0 / classes) if classes and lowest else err
 
 
 def plus_minus(estimate: float, m: int, grid_error: float = GRID_ERROR) -> float:
@@ -338,9 +346,12 @@ def calibrate(probs: np.ndarray, signals: Signals,
         fallback_features(probs, signals) @ w[:-1] + w[-1]
     conf = (1.0 / (1.0 + np.exp(-z))).astype(np.float32)
     est = float(conf.mean())
-    err = band_error(est) if full else FALLBACK_GRID_ERROR
+    err = band_error(est, probs.shape[1]) if full else FALLBACK_GRID_ERROR
     notes = [] if full else ["the target's neighbourhoods were not computed: the fallback "
                              f"calibrator (grid error {FALLBACK_GRID_ERROR}) was used"]
+    if full and err > band_error(est):
+        notes.append(f"most labels are read as wrong, and at {est:.3f} the estimate cannot tell "
+                     f"how wrong: its ± reaches down to chance (1/{probs.shape[1]})")
     return Calibration(conf, est, plus_minus(est, len(conf), err),
                        temperature_for(probs, est, device=device) if fit_temperature else 1.0,
                        "grid-fitted logistic model of label-free signals"
