@@ -175,11 +175,17 @@ def _claiming(received, loss):
                         for m in received.models], [])
 
 
-def test_adaptive_adapts_the_average_when_the_target_is_new_to_the_parties(demo):
+def test_adaptive_adapts_the_average_when_the_target_is_new_to_the_parties(demo, monkeypatch):
     """Parties that fit their own data far better than they are sure on the target (here: they
     claim loss 0, their entropy on it is ~0.6 nats) share blind spots: the refined model is
     θ_{t+1} adapted by SHOT (fit.adapt_settings) with the same seed, not the vote distilled,
-    and then distilled to its own neighbour vote with jitter (fit.settle)."""
+    and then distilled to its own neighbour vote with jitter (fit.settle). The average of
+    these three two-class parties labels the target in few classes, which the default does
+    not adapt from (branch_choice.MIN_START_DIVERSITY: the next test); the guard is lowered
+    here to test the adapt branch itself."""
+    import mrtf.refinery.branch_choice as branch_choice
+
+    monkeypatch.setattr(branch_choice, "MIN_START_DIVERSITY", 0.0)
     x, y = demo["x"], demo["y"]
     new = _claiming(demo["received"], 0.0)
     r = refine(new, ArraySource(x, y), _cfg(trust=False))
@@ -208,6 +214,25 @@ def test_adaptive_adapts_the_average_when_the_target_is_new_to_the_parties(demo)
     shuffled = refine(new, ArraySource(x, np.random.default_rng(1).permutation(y)),
                       _cfg(trust=False))
     np.testing.assert_array_equal(r.probs, shuffled.probs)  # y is never read
+
+
+def test_a_collapsed_average_is_not_adapted_but_voted(demo):
+    """The same claims, the default guard: θ_{t+1} of three two-class parties spreads its
+    labels over less than MIN_START_DIVERSITY of ln C, so SHOT, which starts from those
+    labels, is not run; the vote is distilled and the output says why."""
+    from mrtf.refinery.branch_choice import MIN_START_DIVERSITY, label_diversity
+
+    x = demo["x"]
+    new = _claiming(demo["received"], 0.0)
+    r = refine(new, ArraySource(x), _cfg(trust=False))
+    assert r.novelty.adapt  # the loss gap says new ...
+    assert (r.branch.chosen, r.branch.by) == ("vote", "collapsed start")  # ... but no start
+    avg = refine(new, ArraySource(x), _cfg(method="fedavg"))
+    assert r.branch.start_diversity == pytest.approx(label_diversity(avg.probs), abs=1e-6)
+    assert r.branch.start_diversity < MIN_START_DIVERSITY
+    assert "SHOT starts from those labels" in r.branch.line()
+    voted = refine(_claiming(demo["received"], 5.0), ArraySource(x), _cfg(trust=False))
+    np.testing.assert_array_equal(r.probs, voted.probs)  # the vote, as for a familiar target
 
 
 @pytest.mark.parametrize("loss", [5.0, None])

@@ -16,16 +16,33 @@ neighbourhoods (in its input space) better than chance by more, as prior_choice.
 the class prior. On one-shot Dirichlet-0.1 parties (bench/label_quality.py, seed 0) it kept
 the adapted labels on an excess of 0.717 against 0.706, accuracy 0.763 against the vote's
 0.951: pixel-space neighbourhoods are too coarse to tell two fair labelings apart.
+
+**A start SHOT can adapt from.** SHOT's first centroids are the start's own labels (SHOT
+Eq. 4-6), so a θ_{t+1} that puts the target into a few classes stays there. Ten one-shot
+Dirichlet-0.1 parties of plain LeNets (the project's recipe, MNIST → USPS) average to such a
+model: its labels' histogram had 0.00-0.32 of the entropy of an even one, the loss gap
+(0.30-0.54) said "new", and the adapted labels were 0.132-0.350 right where the vote gave
+0.904-0.911. Where θ_{t+1} is the only start (a plain network, or one party: fit.py), its
+labels must spread over the classes (:data:`MIN_START_DIVERSITY`) for the branch to adapt;
+else the vote is distilled. Networks with BatchNorm and several parties are adapted from the
+vote's student too (adapt_start.py), which is the remedy there.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from mrtf.refinery.adapt_start import StartChoice
 from mrtf.refinery.novelty import Novelty
 
-REASONS = ("novelty", "one party", "vote")
+REASONS = ("novelty", "one party", "vote", "collapsed start")
+#: the entropy of θ_{t+1}'s label histogram, as a share of ln C, under which it is no start
+#: for SHOT (module docstring): adapted sets of the label-quality grid and the fresh sets
+#: 0.57-0.99, the collapsed averages above 0.00-0.32 (chosen between them, in-sample)
+MIN_START_DIVERSITY = 0.45
 
 
 @dataclass(frozen=True)
@@ -33,11 +50,14 @@ class BranchChoice:
     """``chosen``: 'vote' or 'adapt'; ``by``: why: 'novelty' (the parties' novelty signal),
     'one party' (a single local model: nothing to vote over) or 'vote' (neither); ``start``:
     where the adapt branch started (adapt_start.py; None before the fit, on the vote branch,
-    and with one party)."""
+    and with one party); ``start_diversity``: θ_{t+1}'s label diversity where it would be the
+    only start (:func:`label_diversity`; None where it was not read), and 'collapsed start'
+    the reason to vote when it is under :data:`MIN_START_DIVERSITY`."""
 
     chosen: str
     by: str
     start: StartChoice | None = None
+    start_diversity: float | None = None
 
     @property
     def adapts(self) -> bool:
@@ -47,22 +67,44 @@ class BranchChoice:
     def line(self) -> str:
         why = {"novelty": "the target is new to the parties (target novelty, above)",
                "one party": "one party only: its errors cannot be outvoted",
-               "vote": "more than one party, and the target is not new to them"}[self.by]
+               "vote": "more than one party, and the target is not new to them",
+               "collapsed start": (
+                   f"adapting θ_{{t+1}} was called for, but its labels' spread is "
+                   f"{self.start_diversity or 0.0:.2f} of an even one's (under "
+                   f"{MIN_START_DIVERSITY}): SHOT starts from those labels and would keep "
+                   f"them")}[self.by]
         start = "" if self.start is None else f"; {self.start.line()}"
         return f"vote or adapt: {self.chosen} ({why}){start}"
 
     def to_dict(self) -> dict:
         return {"chosen": self.chosen, "by": self.by, "line": self.line(),
-                "start": None if self.start is None else self.start.to_dict()}
+                "start": None if self.start is None else self.start.to_dict(),
+                "start_diversity": self.start_diversity}
 
 
-def choose_branch(novelty: Novelty | None, num_local: int) -> BranchChoice | None:
-    """Adapt when the novelty signal says so or when there is one local model; None when
-    there is nothing to adapt (no novelty reading: no θ_{t+1}, or a student was given)."""
+def label_diversity(probs: np.ndarray, block: int = 65_536) -> float:
+    """The entropy of the histogram of argmax(probs) over the rows, as a share of ln C: 0 when
+    every row has one label, 1 when the labels are spread evenly. probs (M, C), read in
+    blocks of rows."""
+    m, c = probs.shape
+    counts = np.zeros(c, dtype=np.int64)
+    for s in range(0, m, block):
+        counts += np.bincount(np.asarray(probs[s:s + block]).argmax(1), minlength=c)
+    h = counts[counts > 0] / max(1, m)
+    return max(0.0, float(-(h * np.log(h)).sum() / math.log(c))) if c > 1 else 1.0
+
+
+def choose_branch(novelty: Novelty | None, num_local: int,
+                  start_diversity: float | None = None) -> BranchChoice | None:
+    """Adapt when the novelty signal says so or when there is one local model, unless θ_{t+1}
+    would be the only start and its labels are collapsed (``start_diversity`` under
+    :data:`MIN_START_DIVERSITY`; None: not read); None when there is nothing to adapt (no
+    novelty reading: no θ_{t+1}, or a student was given)."""
     if novelty is None:
         return None
-    if novelty.adapt:
-        return BranchChoice("adapt", "novelty")
-    if num_local == 1:
-        return BranchChoice("adapt", "one party")
-    return BranchChoice("vote", "vote")
+    by = "novelty" if novelty.adapt else "one party" if num_local == 1 else None
+    if by is None:
+        return BranchChoice("vote", "vote", start_diversity=start_diversity)
+    if start_diversity is not None and start_diversity < MIN_START_DIVERSITY:
+        return BranchChoice("vote", "collapsed start", start_diversity=start_diversity)
+    return BranchChoice("adapt", by, start_diversity=start_diversity)

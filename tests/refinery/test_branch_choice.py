@@ -45,3 +45,30 @@ def test_the_adapt_branch_uses_shots_recipe_for_shots_kind_of_network():
     assert (bn.optimizer, bn.lr, bn.epochs, bn.max_steps) == ("sgd", 0.01, 30, ADAPT_MAX_STEPS)
     plain = adapt_settings(build_model("lenet", num_classes=10), config)
     assert (plain.optimizer, plain.steps, plain.batch_size, plain.epochs) == ("adam", 37, 16, 0)
+
+
+def test_label_diversity_is_the_share_of_an_even_spread():
+    import numpy as np
+    import pytest
+
+    from mrtf.refinery.branch_choice import label_diversity
+
+    eye = np.eye(10, dtype=np.float32)
+    assert label_diversity(eye[np.arange(1000) % 10]) == pytest.approx(1.0)
+    assert f"{label_diversity(eye[np.zeros(1000, int)]):.2f}" == "0.00"  # not -0.00
+    two = eye[np.arange(1000) % 2]  # two classes evenly: ln 2 / ln 10
+    assert label_diversity(two, block=7) == pytest.approx(np.log(2) / np.log(10))
+
+
+def test_a_collapsed_only_start_is_not_adapted():
+    from mrtf.refinery.branch_choice import MIN_START_DIVERSITY
+
+    low, high = MIN_START_DIVERSITY - 0.01, MIN_START_DIVERSITY + 0.01
+    for novelty, k in ((NEW, 10), (FAMILIAR, 1)):
+        kept = choose_branch(novelty, k, low)
+        assert (kept.chosen, kept.by, kept.start_diversity) == ("vote", "collapsed start", low)
+        assert "spread is 0.44" in kept.line() and kept.to_dict()["start_diversity"] == low
+        assert choose_branch(novelty, k, high).chosen == "adapt"
+        assert choose_branch(novelty, k, None).chosen == "adapt"  # not read: as before
+    # a familiar target is voted whatever θ_{t+1}'s labels look like
+    assert choose_branch(FAMILIAR, 10, 0.0).by == "vote"

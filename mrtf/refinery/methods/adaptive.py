@@ -33,7 +33,7 @@ import numpy as np
 from torch import nn
 
 from mrtf.refinery.adaptive import ConsensusInputs, consensus_targets, input_independent
-from mrtf.refinery.branch_choice import choose_branch
+from mrtf.refinery.branch_choice import choose_branch, label_diversity
 from mrtf.refinery.ensemble import stabilized_blocks
 from mrtf.refinery.feature_shift import feature_shift
 from mrtf.refinery.fit import (
@@ -77,7 +77,10 @@ class Adaptive(Distilled):
                                        [m.meta.train_loss for m in state.used],
                                        num_local=state.num_local, shift=shift,
                                        device=state.dev)
-        state.branch = choose_branch(state.novelty, state.num_local)
+        only_start = not adapts_from_both_starts(state.plan.agg, state.num_local)
+        diversity = label_diversity(state.before) \
+            if only_start and state.before is not None else None
+        state.branch = choose_branch(state.novelty, state.num_local, diversity)
 
     def choice(self, state: RefineState) -> str:
         """Step 5's reading and choice (novelty.py, branch_choice.py)."""
