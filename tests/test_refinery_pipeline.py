@@ -244,11 +244,19 @@ def test_adaptive_votes_when_the_target_looks_familiar_or_nobody_says(demo, loss
     assert (r.branch.chosen, r.branch.by) == ("vote", "vote")
 
 
-def test_adaptive_adapts_when_there_is_one_party(demo):
+def test_adaptive_adapts_when_there_is_one_party(demo, monkeypatch):
     """One local model: nothing to vote over, so θ_{t+1} (here: that model) is adapted
-    (SHOT) and settled even though the target looks familiar."""
+    (SHOT) and settled even though the target looks familiar. This party knows two classes,
+    so its labels are too collapsed a start for the default (branch_choice
+    .MIN_START_DIVERSITY), which votes; with the guard lowered the one-party branch runs."""
+    import mrtf.refinery.branch_choice as branch_choice
+
     one = demo["received"].by_role("local")[:1] + demo["received"].by_role("global")
-    r = refine(_claiming(ReceivedSet(one, []), 5.0), ArraySource(demo["x"]), _cfg(trust=False))
+    received = _claiming(ReceivedSet(one, []), 5.0)
+    guarded = refine(received, ArraySource(demo["x"]), _cfg(trust=False))
+    assert (guarded.branch.chosen, guarded.branch.by) == ("vote", "collapsed start")
+    monkeypatch.setattr(branch_choice, "MIN_START_DIVERSITY", 0.0)
+    r = refine(received, ArraySource(demo["x"]), _cfg(trust=False))
     assert not r.novelty.adapt
     assert (r.branch.chosen, r.branch.by) == ("adapt", "one party")
     assert "one party only" in r.branch.line()

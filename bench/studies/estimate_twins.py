@@ -1,6 +1,7 @@
 """The label-free estimate on sets refined twice (issue 35): how far the refine seed alone moves
 the labels' accuracy and the estimate, and whether the printed ± holds the truth, with the
-lowest band's ± reaching down to chance (``calibration.band_error``) and without.
+lowest band's ± reaching down to chance (``calibration.band_error``) and without, and with the
+top band's ± reaching the labels' own confidence (``calibration.reaching_own_confidence``).
 
 Each set is refined by the default at its own seed (as the benchmarks do) and again at that
 seed + 100 (the "twin"). The two refines share everything a set-level signal can read (the
@@ -26,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from mrtf.trust.calibration import band_error, plus_minus  # noqa: E402
+from mrtf.trust.calibration import ERROR_BANDS, band_error, plus_minus  # noqa: E402
 from mrtf.trust.metrics import ece  # noqa: E402
 
 TWIN = 100  # the twin's refine seed is the set's seed + TWIN
@@ -76,8 +77,11 @@ def readings(path: Path, tag: str) -> dict:
     # the adapt branch's ± (adapted_estimate.midpoint_for_adapted) is kept as printed
     band = printed if adapted else plus_minus(est, m, band_error(est))
     chance = printed if adapted else plus_minus(est, m, band_error(est, c))
+    # and in the top band, the ± reaching the labels' own confidence (reaching_own_confidence)
+    own = float(probs.max(1).astype(np.float64).mean())
+    reach = chance if adapted or est < ERROR_BANDS[0][0] else max(chance, abs(own - est))
     return {"set": path.stem, "accuracy": float(ok.mean()), "estimate": est,
-            "adapted": adapted, "band": band, "chance": chance,
+            "adapted": adapted, "band": band, "chance": chance, "reach": reach,
             "ece": ece(z[f"conf{tag}"], ok)}
 
 
@@ -106,7 +110,7 @@ def report(outs: list[Path]) -> None:
     for out in outs:
         for tag, who in (("", "own seed"), ("2", "twin seed")):
             rows = [readings(f, tag) for f in sorted(out.glob("*.npz"))]
-            for rule in ("band", "chance"):
+            for rule in ("band", "chance", "reach"):
                 print(f"{out.name}, {who}, {rule}: {summary(rows, rule)}")
     da, de = np.array(moves).T
     big = np.abs(da) > 0.03

@@ -26,7 +26,7 @@ from mrtf.refinery.result import (
 from mrtf.refinery.teachers import check_finite, teacher_logits
 from mrtf.trust.adapted_estimate import midpoint_for_adapted
 from mrtf.trust.basin import SHARED_COSINE, assess_basin, weight_cosine
-from mrtf.trust.calibration import Signals, calibrate, uncalibrated
+from mrtf.trust.calibration import Signals, calibrate, reaching_own_confidence, uncalibrated
 from mrtf.trust.neighbours import target_neighbours
 from mrtf.trust.received import sample_note, sample_rows
 from mrtf.trust.reliability import assess
@@ -69,13 +69,17 @@ def calibrated(probs: np.ndarray, before: np.ndarray, signals,
     consensus' own view (optimistic where the models are weak); the temperature fitted on
     ``device`` (the refine's). ``adapted``: the labels come from θ_{t+1} adapted to the
     target (the adaptive default's adapt branch), whose estimate is read midway between the
-    calibrator's and the labels' own confidence (adapted_estimate.midpoint_for_adapted)."""
+    calibrator's and the labels' own confidence (adapted_estimate.midpoint_for_adapted);
+    other labels' ± reaches their own confidence in the top band
+    (calibration.reaching_own_confidence)."""
     adapting = adapted and signals is not None
     # the adapt branch fits its temperature to the midpoint, and θ_{t+1}'s reading is an
     # estimate only: neither needs the calibrator's own temperature
     cal = calibration_of(probs, signals, device, fit_temperature=not adapting)
     if adapting:
         cal = midpoint_for_adapted(cal, probs, device)
+    elif signals is not None:
+        cal = reaching_own_confidence(cal, probs)
     averaged = None if signals is None else \
         calibration_of(before, signals, device, fit_temperature=False).estimated_accuracy
     return cal, AccuracyEstimate(cal.estimated_accuracy, cal.plus_minus, cal.method, averaged,
