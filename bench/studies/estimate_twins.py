@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from mrtf.trust.calibration import ERROR_BANDS, band_error, plus_minus  # noqa: E402
+from mrtf.trust.calibration import ERROR_BANDS, band_error, own_confidence, plus_minus  # noqa: E402
 from mrtf.trust.metrics import ece  # noqa: E402
 
 TWIN = 100  # the twin's refine seed is the set's seed + TWIN
@@ -78,7 +78,7 @@ def readings(path: Path, tag: str) -> dict:
     band = printed if adapted else plus_minus(est, m, band_error(est))
     chance = printed if adapted else plus_minus(est, m, band_error(est, c))
     # and in the top band, the ± reaching the labels' own confidence (reaching_own_confidence)
-    own = float(probs.max(1).astype(np.float64).mean())
+    own = own_confidence(probs)
     reach = chance if adapted or est < ERROR_BANDS[0][0] else max(chance, abs(own - est))
     return {"set": path.stem, "accuracy": float(ok.mean()), "estimate": est,
             "adapted": adapted, "band": band, "chance": chance, "reach": reach,

@@ -14,7 +14,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from mrtf.trust.calibration import Calibration, plus_minus, temperature_for
+from mrtf.trust.calibration import Calibration, own_confidence, plus_minus, temperature_for
 
 
 def shifted_to_mean(conf: np.ndarray, mean: float) -> np.ndarray:
@@ -44,7 +44,7 @@ def midpoint_for_adapted(cal: Calibration, probs: np.ndarray,
     its reading: both readings can be off the same way, high where the adapted labels are
     poor, low where the settled model is unsure of right labels). Each sample's confidence
     is shifted by one logit so its mean is the estimate."""
-    own = float(np.asarray(probs, dtype=np.float64).max(1).mean())
+    own = own_confidence(probs)
     est = (cal.estimated_accuracy + own) / 2
     m = len(cal.confidence)
     pm = max(abs(own - cal.estimated_accuracy) / 2 + plus_minus(est, m, 0.0), cal.plus_minus)

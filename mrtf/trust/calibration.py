@@ -358,6 +358,11 @@ def calibrate(probs: np.ndarray, signals: Signals,
                        + ("" if full else " (fallback, no neighbourhoods)"), notes)
 
 
+def own_confidence(probs: np.ndarray) -> float:
+    """The labels' own mean max probability (float64 sum; no (M, C) float64 copy)."""
+    return float(np.asarray(probs).max(1).astype(np.float64).mean())
+
+
 def reaching_own_confidence(cal: Calibration, probs: np.ndarray) -> Calibration:
     """``cal`` for labels that are not adapted (adapted_estimate.py has those): in the top band
     its reading stays, and its ± reaches the labels' own mean max probability where that lies
@@ -368,7 +373,7 @@ def reaching_own_confidence(cal: Calibration, probs: np.ndarray) -> Calibration:
     confidence is no reading (it is sure of labels that are wrong)."""
     if cal.estimated_accuracy < ERROR_BANDS[0][0]:
         return cal
-    own = float(np.asarray(probs).max(1).astype(np.float64).mean())
+    own = own_confidence(probs)
     gap = abs(own - cal.estimated_accuracy)
     if gap <= cal.plus_minus:
         return cal

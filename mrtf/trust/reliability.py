@@ -281,7 +281,7 @@ def assess(names: Sequence[str], logits: np.ndarray,
         down += p.refused_claims
         p.reasons = excl + down
         p.verdict = "excluded" if excl else "down-weighted" if down else "trusted"
-    _cap_claims(parties)
+    _name_refused_claims(parties)
     return ReliabilityReport(parties, _avg_weights(parties), notes)
 
 
@@ -363,17 +363,20 @@ def _loss_reasons(p: PartyReliability, losses: list[float], med_agree: float) ->
     return []
 
 
-def _cap_claims(parties: list[PartyReliability]) -> None:
-    """A claimed n_samples above CLAIM_CAP × the median claim is named (refused: _avg_weights)."""
+def _median_claim(parties: list[PartyReliability]) -> float | None:
+    """The median claimed n_samples, when every party claims a positive count (else None)."""
     claims = [p.claimed_samples for p in parties]
-    if not all(isinstance(c, int) and c > 0 for c in claims):
+    return float(np.median(claims)) if all(isinstance(c, int) and c > 0 for c in claims) else None
+
+
+def _name_refused_claims(parties: list[PartyReliability]) -> None:
+    """A claimed n_samples above CLAIM_CAP × the median claim is named (refused: _avg_weights)."""
+    if (median := _median_claim(parties)) is None:
         return
-    cap = CLAIM_CAP * float(np.median(claims))
     for p in parties:
-        if p.claimed_samples > cap:
-            why = (f"claims {p.claimed_samples:,} samples, "
-                   f"{p.claimed_samples / (cap / CLAIM_CAP):.0f}× the median claim: "
-                   "refused, it is averaged with the median claim's weight")
+        if p.claimed_samples > CLAIM_CAP * median:
+            why = (f"claims {p.claimed_samples:,} samples, {p.claimed_samples / median:.0f}× "
+                   "the median claim: refused, it is averaged with the median claim's weight")
             p.reasons.append(why)
             p.refused_claims.append(why)
             if p.verdict == "trusted":
@@ -384,12 +387,9 @@ def _avg_weights(parties: list[PartyReliability]) -> list[float]:
     """Parameter-average weights: claimed n_samples when every party claims one (a claim above
     CLAIM_CAP × the median counts as the median: a cap there still let an honest model's 10⁶
     claim move θ_{t+1}, docs/benchmarks/takeover.md), else uniform; × the verdict; normalised."""
-    claims = [p.claimed_samples for p in parties]
-    if all(isinstance(c, int) and c > 0 for c in claims):
-        median = float(np.median(claims))
-        base = [median if c > CLAIM_CAP * median else float(c) for c in claims]
-    else:
-        base = [1.0] * len(parties)
+    median = _median_claim(parties)
+    base = [1.0 if median is None else median if p.claimed_samples > CLAIM_CAP * median
+            else float(p.claimed_samples) for p in parties]
     raw = [b * p.factor for b, p in zip(base, parties)]
     total = math.fsum(raw)
     if total <= 0:  # every party excluded: fall back to the claims, said by the caller
