@@ -181,11 +181,13 @@ def test_adaptive_adapts_the_average_when_the_target_is_new_to_the_parties(demo,
     θ_{t+1} adapted by SHOT (fit.adapt_settings) with the same seed, not the vote distilled,
     and then distilled to its own neighbour vote with jitter (fit.settle). The average of
     these three two-class parties labels the target in few classes, which the default does
-    not adapt from (branch_choice.MIN_START_DIVERSITY: the next test); the guard is lowered
-    here to test the adapt branch itself."""
+    not adapt from (branch_choice.MIN_START_DIVERSITY: the next test), and SHOT merges more
+    of them (branch_choice.MAX_SPREAD_LOSS: the test after); both guards are lowered here to
+    test the adapt branch itself."""
     import mrtf.refinery.branch_choice as branch_choice
 
     monkeypatch.setattr(branch_choice, "MIN_START_DIVERSITY", 0.0)
+    monkeypatch.setattr(branch_choice, "MAX_SPREAD_LOSS", 1.0)
     x, y = demo["x"], demo["y"]
     new = _claiming(demo["received"], 0.0)
     r = refine(new, ArraySource(x, y), _cfg(trust=False))
@@ -206,7 +208,7 @@ def test_adaptive_adapts_the_average_when_the_target_is_new_to_the_parties(demo,
     np.testing.assert_allclose(refined, predict_probs(settled, ArraySource(x), 256), atol=1e-6)
     assert not np.allclose(refined, predict_probs(shot, ArraySource(x), 256), atol=1e-3)
     # adapted labels: the estimate is midway to their own mean confidence, the ± reaches it
-    # (adapted_estimate.midpoint_for_adapted)
+    # (midpoint_estimate.midpoint_for_adapted)
     own = float(r.probs.max(1).mean())
     assert r.accuracy.plus_minus >= abs(own - r.accuracy.refined) - 1e-6
     assert abs(float(r.calibration.confidence.mean()) - r.accuracy.refined) < 1e-4
@@ -235,6 +237,27 @@ def test_a_collapsed_average_is_not_adapted_but_voted(demo):
     np.testing.assert_array_equal(r.probs, voted.probs)  # the vote, as for a familiar target
 
 
+def test_an_adaptation_that_merges_classes_gives_way_to_the_vote(demo, monkeypatch):
+    """The start guard lowered: θ_{t+1} is adapted, but its adapted labels spread over fewer
+    classes than the parties' consensus by more than MAX_SPREAD_LOSS, so the vote is
+    distilled (from θ_{t+1} as it was before SHOT) and the output says why."""
+    import mrtf.refinery.branch_choice as branch_choice
+    from mrtf.refinery.branch_choice import MAX_SPREAD_LOSS
+
+    monkeypatch.setattr(branch_choice, "MIN_START_DIVERSITY", 0.0)
+    x = demo["x"]
+    r = refine(_claiming(demo["received"], 0.0), ArraySource(x), _cfg(trust=False))
+    assert r.novelty.adapt
+    assert (r.branch.chosen, r.branch.by) == ("vote", "collapsed adaptation")
+    adapted, consensus = r.branch.spreads
+    assert adapted < consensus - MAX_SPREAD_LOSS
+    assert "SHOT merged classes" in r.branch.line()
+    assert r.to_dict()["branch"]["spreads"] == [adapted, consensus]
+    voted = refine(_claiming(demo["received"], 5.0), ArraySource(x), _cfg(trust=False))
+    np.testing.assert_array_equal(r.probs, voted.probs)  # the vote, as for a familiar target
+    assert not r.calibration.notes or "adapted" not in r.calibration.notes[-1]
+
+
 @pytest.mark.parametrize("loss", [5.0, None])
 def test_adaptive_votes_when_the_target_looks_familiar_or_nobody_says(demo, loss):
     r = refine(_claiming(demo["received"], loss), ArraySource(demo["x"]), _cfg(trust=False))
@@ -248,7 +271,7 @@ def test_adaptive_adapts_when_there_is_one_party(demo, monkeypatch):
     """One local model: nothing to vote over, so θ_{t+1} (here: that model) is adapted
     (SHOT) and settled even though the target looks familiar. This party knows two classes,
     so its labels are too collapsed a start for the default (branch_choice
-    .MIN_START_DIVERSITY), which votes; with the guard lowered the one-party branch runs."""
+    .MIN_START_DIVERSITY), which votes; with the guards lowered the one-party branch runs."""
     import mrtf.refinery.branch_choice as branch_choice
 
     one = demo["received"].by_role("local")[:1] + demo["received"].by_role("global")
@@ -256,6 +279,7 @@ def test_adaptive_adapts_when_there_is_one_party(demo, monkeypatch):
     guarded = refine(received, ArraySource(demo["x"]), _cfg(trust=False))
     assert (guarded.branch.chosen, guarded.branch.by) == ("vote", "collapsed start")
     monkeypatch.setattr(branch_choice, "MIN_START_DIVERSITY", 0.0)
+    monkeypatch.setattr(branch_choice, "MAX_SPREAD_LOSS", 1.0)
     r = refine(received, ArraySource(demo["x"]), _cfg(trust=False))
     assert not r.novelty.adapt
     assert (r.branch.chosen, r.branch.by) == ("adapt", "one party")

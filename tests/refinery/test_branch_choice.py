@@ -1,5 +1,8 @@
 """The adaptive default's vote-or-adapt choice (branch_choice.py) and SHOT's step cap."""
 
+import numpy as np
+import pytest
+
 from mrtf.refinery.branch_choice import choose_branch
 from mrtf.refinery.novelty import Novelty
 from mrtf.refinery.shot import ShotSettings
@@ -72,3 +75,28 @@ def test_a_collapsed_only_start_is_not_adapted():
         assert choose_branch(novelty, k, None).chosen == "adapt"  # not read: as before
     # a familiar target is voted whatever θ_{t+1}'s labels look like
     assert choose_branch(FAMILIAR, 10, 0.0).by == "vote"
+
+
+def _labels(counts: list[int]) -> np.ndarray:
+    """One-hot probabilities with ``counts[c]`` rows of class c."""
+    y = np.repeat(np.arange(len(counts)), counts)
+    return np.eye(len(counts), dtype=np.float32)[y]
+
+
+def test_an_adaptation_that_empties_classes_gives_way_to_the_vote():
+    from mrtf.refinery.branch_choice import MAX_SPREAD_LOSS, collapsed_adaptation
+
+    adapt = choose_branch(NEW, 10, start_diversity=0.47)
+    consensus = _labels([100] * 10)  # spread 1.0
+    merged = _labels([0, 140, 110, 160, 140, 300, 0, 150, 0, 0])  # six classes: ~0.75
+    out = collapsed_adaptation(adapt, merged, consensus)
+    assert (out.chosen, out.by) == ("vote", "collapsed adaptation") and not out.adapts
+    assert out.spreads[1] == pytest.approx(1.0) and out.spreads[0] < 1.0 - MAX_SPREAD_LOSS
+    assert out.start_diversity == 0.47
+    assert "0.75 of an even one's against the parties' consensus' 1.00" in out.line()
+    # every class kept, a little less even than the consensus: the adaptation stands
+    kept = collapsed_adaptation(adapt, _labels([80, 120] * 5), consensus)
+    assert kept.adapts and kept.by == "novelty" and kept.spreads[0] > 0.98
+    assert kept.to_dict()["spreads"] == list(kept.spreads)
+    # a consensus that is itself collapsed asks no more of the adaptation
+    assert collapsed_adaptation(adapt, merged, merged).adapts

@@ -12,7 +12,8 @@ neighbour vote. Its steps, as README "How adaptive works" numbers them, and wher
 5. vote or adapt: a target new to the parties (their novelty signal: loss claims, and
    BatchNorm statistics where the models have them), or one party only
    → θ_{t+1} adapted with SHOT and settled, and (BatchNorm, several parties) also the vote's
-   student; the labels with more information, no less spread, kept
+   student; the labels with more information, no less spread, kept; where θ_{t+1} was the
+   only start, the vote instead if its adapted labels spread less than the consensus
                                                  (:meth:`Adaptive.evidence`, novelty.py,
                                                   feature_shift.py, adapt_start.py,
                                                   :meth:`Adaptive.fit`, branch_choice.py,
@@ -33,7 +34,7 @@ import numpy as np
 from torch import nn
 
 from mrtf.refinery.adaptive import ConsensusInputs, consensus_targets, input_independent
-from mrtf.refinery.branch_choice import choose_branch, label_diversity
+from mrtf.refinery.branch_choice import choose_branch, collapsed_adaptation, label_diversity
 from mrtf.refinery.ensemble import stabilized_blocks
 from mrtf.refinery.feature_shift import feature_shift
 from mrtf.refinery.fit import (
@@ -43,6 +44,7 @@ from mrtf.refinery.fit import (
     distil_student,
 )
 from mrtf.refinery.methods.base import Distilled
+from mrtf.refinery.neighbour_vote import final_probs
 from mrtf.refinery.novelty import target_novelty
 from mrtf.refinery.state import RefineState
 from mrtf.refinery.votes import SourceStats
@@ -129,11 +131,25 @@ class Adaptive(Distilled):
         start = self.start_model(state)
         if state.branch is not None and state.branch.adapts:
             if not adapts_from_both_starts(start, state.num_local):
-                return adapt_student(start, state.source, state.config, state.dev,
-                                     state.spilled)
+                return self._adapt_only_start(state, start)
             kept = adapt_both_starts(start, state.source, state.targets, state.config,
                                      state.dev, state.spilled)
             state.branch = replace(state.branch, start=kept.choice)
             state.labels = kept.labels  # scored already: the report need not vote again
             return kept.model
         return distil_student(start, state.source, state.targets, state.config, state.dev)
+
+    def _adapt_only_start(self, state: RefineState, start: nn.Module) -> nn.Module:
+        """θ_{t+1} adapted where it is the only start, its labels checked against the
+        consensus' spread (branch_choice.collapsed_adaptation): the vote's student, distilled
+        from a copy of the start taken before, where the adaptation merged classes."""
+        config = state.config
+        before = copy.deepcopy(start)
+        adapted = adapt_student(start, state.source, config, state.dev, state.spilled)
+        labels = final_probs(adapted, state.source, config.vote_k, config.inference_batch,
+                             state.dev, config.stack)
+        state.branch = collapsed_adaptation(state.branch, labels[0], state.targets)
+        if state.branch.adapts:
+            state.labels = labels  # scored already: the report need not vote again
+            return adapted
+        return distil_student(before, state.source, state.targets, config, state.dev)
