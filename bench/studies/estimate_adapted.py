@@ -6,7 +6,7 @@ mostly give) reads low and the labels' own mean max probability reads high
 (the rule shipped until session 26 widened the ± to reach the second reading and kept
 the calibrator's estimate: :func:`widened`). This study refines received sets with the default,
 dumps per sample the labels' probabilities, the calibrated confidence and y (y only scores),
-and compares the earlier rule with the midpoint rule (``adapted_estimate.midpoint_for_adapted``)
+and compares the earlier rule with the midpoint rule (``midpoint_estimate.midpoint_for_adapted``)
 on coverage, half-width and ECE.
 
     cd bench/studies
@@ -31,9 +31,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from mrtf.trust.adapted_estimate import midpoint_for_adapted  # noqa: E402
 from mrtf.trust.calibration import Calibration, band_error, plus_minus  # noqa: E402
 from mrtf.trust.metrics import ece  # noqa: E402
+from mrtf.trust.midpoint_estimate import midpoint_for_adapted  # noqa: E402
 
 
 def set_seed(cell: str) -> int:
@@ -137,7 +137,7 @@ def from_cells(cells: Path) -> None:
             continue  # not widened: the own confidence is not recorded
         own = cal + old_pm
         est = (cal + own) / 2
-        # the rule of adapted_estimate.midpoint_for_adapted, on the recorded readings
+        # the rule of midpoint_estimate.midpoint_for_adapted, on the recorded readings
         pm = max(old_pm / 2 + plus_minus(est, m, 0.0), plus_minus(cal, m, band_error(cal)))
         rows.append((f.stem, c["accuracy"], cal, old_pm, est, pm))
     print("| cell | accuracy | earlier est ± | midpoint est ± |\n|---|---|---|---|")

@@ -1,7 +1,8 @@
 """The label-free estimate on sets refined twice (issue 35): how far the refine seed alone moves
 the labels' accuracy and the estimate, and whether the printed ± holds the truth, with the
 lowest band's ± reaching down to chance (``calibration.band_error``) and without, and with the
-top band's ± reaching the labels' own confidence (``calibration.reaching_own_confidence``).
+top band's ± reaching the labels' own confidence (session 28's rule; session 29 replaced it
+by the midpoint, ``midpoint_estimate.midpoint_for_sure_labels``: sure_labels_midpoint.py).
 
 Each set is refined by the default at its own seed (as the benchmarks do) and again at that
 seed + 100 (the "twin"). The two refines share everything a set-level signal can read (the
@@ -74,10 +75,10 @@ def readings(path: Path, tag: str) -> dict:
     m, c = probs.shape
     adapted = bool(z[f"adapted{tag}"])
     printed = float(z[f"plus_minus{tag}"])
-    # the adapt branch's ± (adapted_estimate.midpoint_for_adapted) is kept as printed
+    # the adapt branch's ± (midpoint_estimate.midpoint_for_adapted) is kept as printed
     band = printed if adapted else plus_minus(est, m, band_error(est))
     chance = printed if adapted else plus_minus(est, m, band_error(est, c))
-    # and in the top band, the ± reaching the labels' own confidence (reaching_own_confidence)
+    # and in the top band, the ± reaching the labels' own confidence (session 28's rule)
     own = own_confidence(probs)
     reach = chance if adapted or est < ERROR_BANDS[0][0] else max(chance, abs(own - est))
     return {"set": path.stem, "accuracy": float(ok.mean()), "estimate": est,

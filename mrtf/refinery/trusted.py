@@ -5,7 +5,7 @@ the refinery's core reads on its own."""
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -24,9 +24,13 @@ from mrtf.refinery.result import (
     PartyChecks,
 )
 from mrtf.refinery.teachers import check_finite, teacher_logits
-from mrtf.trust.adapted_estimate import midpoint_for_adapted
 from mrtf.trust.basin import SHARED_COSINE, assess_basin, weight_cosine
-from mrtf.trust.calibration import Signals, calibrate, reaching_own_confidence, uncalibrated
+from mrtf.trust.calibration import Signals, calibrate, temperature_for, uncalibrated
+from mrtf.trust.midpoint_estimate import (
+    midpoint_for_adapted,
+    midpoint_for_sure_labels,
+    reads_midway,
+)
 from mrtf.trust.neighbours import target_neighbours
 from mrtf.trust.received import sample_note, sample_rows
 from mrtf.trust.reliability import assess
@@ -69,17 +73,18 @@ def calibrated(probs: np.ndarray, before: np.ndarray, signals,
     consensus' own view (optimistic where the models are weak); the temperature fitted on
     ``device`` (the refine's). ``adapted``: the labels come from θ_{t+1} adapted to the
     target (the adaptive default's adapt branch), whose estimate is read midway between the
-    calibrator's and the labels' own confidence (adapted_estimate.midpoint_for_adapted);
-    other labels' ± reaches their own confidence in the top band
-    (calibration.reaching_own_confidence)."""
-    adapting = adapted and signals is not None
-    # the adapt branch fits its temperature to the midpoint, and θ_{t+1}'s reading is an
-    # estimate only: neither needs the calibrator's own temperature
-    cal = calibration_of(probs, signals, device, fit_temperature=not adapting)
-    if adapting:
+    calibrator's and the labels' own confidence (midpoint_estimate.midpoint_for_adapted); so
+    are other labels the calibrator reads as mostly right
+    (midpoint_estimate.midpoint_for_sure_labels)."""
+    # the temperature is fitted once, to the estimate that is printed (50 passes over probs)
+    cal = calibration_of(probs, signals, device, fit_temperature=False)
+    if signals is not None and adapted:
         cal = midpoint_for_adapted(cal, probs, device)
+    elif signals is not None and reads_midway(cal):
+        cal = midpoint_for_sure_labels(cal, probs, device)
     elif signals is not None:
-        cal = reaching_own_confidence(cal, probs)
+        cal = replace(cal, temperature=temperature_for(probs, cal.estimated_accuracy,
+                                                       device=device))
     averaged = None if signals is None else \
         calibration_of(before, signals, device, fit_temperature=False).estimated_accuracy
     return cal, AccuracyEstimate(cal.estimated_accuracy, cal.plus_minus, cal.method, averaged,

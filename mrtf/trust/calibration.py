@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -361,24 +361,6 @@ def calibrate(probs: np.ndarray, signals: Signals,
 def own_confidence(probs: np.ndarray) -> float:
     """The labels' own mean max probability (float64 sum; no (M, C) float64 copy)."""
     return float(np.asarray(probs).max(1).astype(np.float64).mean())
-
-
-def reaching_own_confidence(cal: Calibration, probs: np.ndarray) -> Calibration:
-    """``cal`` for labels that are not adapted (adapted_estimate.py has those): in the top band
-    its reading stays, and its ± reaches the labels' own mean max probability where that lies
-    farther away. The top band's ± was read off parties that knew the target's domain; ten
-    parties on a new one (MNIST → USPS) read 6 points low under a ± of 0.027, while the
-    labels' own confidence read 0.5-1 point high (docs/benchmarks/calibration.md, "The top
-    band reaches the labels' own confidence"). Below the top band a poor label's own
-    confidence is no reading (it is sure of labels that are wrong)."""
-    if cal.estimated_accuracy < ERROR_BANDS[0][0]:
-        return cal
-    own = own_confidence(probs)
-    gap = abs(own - cal.estimated_accuracy)
-    if gap <= cal.plus_minus:
-        return cal
-    return replace(cal, plus_minus=gap, notes=[
-        *cal.notes, f"the labels' own confidence reads {own:.3f}: the ± reaches it"])
 
 
 def uncalibrated(probs: np.ndarray, temperature: float | None = None,

@@ -1,10 +1,16 @@
-"""The label-free estimate for labels from a model adapted to the target (the adaptive
-default's adapt branch): the midpoint of two readings that err in opposite directions there.
+"""The label-free estimate read midway between two readings that err in opposite directions:
+the calibrator's (mrtf.trust.calibration) and the labels' own mean max probability. Used
 
-The calibrator (mrtf.trust.calibration) was fitted on labels the parties mostly give, and reads
-their agreement as evidence; on labels the parties did not give it reads low. The labels' own
-mean max probability reads high (the settled model is sure of almost every label). How often
-the truth lay between them: docs/benchmarks/calibration.md ("adapted labels").
+- for labels from a model adapted to the target (the adaptive default's adapt branch): the
+  calibrator was fitted on labels the parties mostly give, and reads their agreement as
+  evidence; on labels the parties did not give it reads low, while the settled model is sure
+  of almost every label and reads high (docs/benchmarks/calibration.md, "adapted labels");
+- for other labels the calibrator reads as mostly right (≥ :data:`MIDPOINT_FROM`): there the
+  labels' own confidence is itself a reading (the distilled model is not over-sure of labels
+  that are mostly right), and the calibrator reads low where many parties on a new domain
+  vote (MNIST → USPS, ten parties: 6-10 points) and a few points high on other sets; the
+  midpoint was nearer the truth than either (docs/benchmarks/calibration.md, "Sure labels
+  are read midway").
 """
 
 from __future__ import annotations
@@ -33,25 +39,54 @@ def shifted_to_mean(conf: np.ndarray, mean: float) -> np.ndarray:
     return (1.0 / (1.0 + np.exp(-(z + (lo + hi) / 2)))).astype(np.float32)
 
 
-def midpoint_for_adapted(cal: Calibration, probs: np.ndarray,
-                         device: str | torch.device = "cpu") -> Calibration:
-    """``cal`` for labels from a model adapted to the target: the estimate midway between the
-    calibrator's reading (low there: it was fitted on labels the parties mostly give, and
-    reads their disagreement with adapted labels as doubt) and the labels' own mean max
-    probability (high: the settled model is sure of almost every label). The ± reaches both
-    readings plus 2 binomial standard errors (the labels' accuracy on these m samples varies
-    around what both read), and is never narrower than the calibrator's own ± (its band at
-    its reading: both readings can be off the same way, high where the adapted labels are
-    poor, low where the settled model is unsure of right labels). Each sample's confidence
-    is shifted by one logit so its mean is the estimate."""
+#: labels that are not adapted are read midway from this calibrated estimate up: below it the
+#: labels' own confidence is no reading (a model distilled from confidently wrong parties is
+#: sure of labels that are wrong; docs/benchmarks/calibration.md, "Sure labels are read
+#: midway")
+MIDPOINT_FROM = 0.80
+
+
+def midpoint(cal: Calibration, probs: np.ndarray, note: str,
+             device: str | torch.device = "cpu") -> Calibration:
+    """``cal`` read midway between the calibrator's estimate and the labels' own mean max
+    probability. The ± reaches both readings plus 2 binomial standard errors (the labels'
+    accuracy on these m samples varies around what both read), and is never narrower than
+    the calibrator's own ± (its band at its reading: both readings can be off the same way).
+    Each sample's confidence is shifted by one logit so its mean is the estimate; ``note``
+    (why both are read) goes to the notes with the two readings."""
     own = own_confidence(probs)
     est = (cal.estimated_accuracy + own) / 2
     m = len(cal.confidence)
     pm = max(abs(own - cal.estimated_accuracy) / 2 + plus_minus(est, m, 0.0), cal.plus_minus)
-    note = (f"the labels come from θ_{{t+1}} adapted to the target: the calibrator (fitted "
-            f"on labels the parties give) reads {cal.estimated_accuracy:.3f}, the labels' own "
+    line = (f"{note}: the calibrator reads {cal.estimated_accuracy:.3f}, the labels' own "
             f"confidence {own:.3f}; the estimate is midway, the ± spans both")
     return replace(cal, confidence=shifted_to_mean(cal.confidence, est),
                    estimated_accuracy=est, plus_minus=pm,
                    temperature=temperature_for(probs, est, device=device),
-                   notes=[*cal.notes, note])
+                   notes=[*cal.notes, line])
+
+
+def midpoint_for_adapted(cal: Calibration, probs: np.ndarray,
+                         device: str | torch.device = "cpu") -> Calibration:
+    """:func:`midpoint` for labels from a model adapted to the target: the calibrator reads
+    low there (fitted on labels the parties mostly give, it reads their disagreement with
+    adapted labels as doubt), the labels' own confidence high (the settled model is sure of
+    almost every label); both can be off the same way, high where the adapted labels are
+    poor, low where the settled model is unsure of right labels."""
+    return midpoint(cal, probs, "the labels come from θ_{t+1} adapted to the target "
+                                "(the calibrator was fitted on labels the parties give)", device)
+
+
+def reads_midway(cal: Calibration) -> bool:
+    """Whether labels that are not adapted are read midway (:data:`MIDPOINT_FROM`)."""
+    return cal.estimated_accuracy >= MIDPOINT_FROM
+
+
+def midpoint_for_sure_labels(cal: Calibration, probs: np.ndarray,
+                             device: str | torch.device = "cpu") -> Calibration:
+    """:func:`midpoint` for labels that are not adapted and that the calibrator reads as mostly
+    right (:func:`reads_midway`): it read 6-10 points low on ten parties voting on a new
+    domain, where the labels' own confidence read 0.5-1.5 high."""
+    return midpoint(cal, probs, f"the calibrator reads the labels as mostly right (≥ "
+                                f"{MIDPOINT_FROM:.2f}), where their own confidence is a reading "
+                                "too", device)

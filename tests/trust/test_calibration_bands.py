@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mrtf.trust.calibration import ERROR_BANDS, Calibration, Signals, band_error, calibrate
+from mrtf.trust.calibration import ERROR_BANDS, Signals, band_error, calibrate
 
 
 def test_each_band_gives_its_error() -> None:
@@ -63,34 +63,3 @@ def test_the_reach_is_said_in_the_notes_only_when_it_widens() -> None:
     cal = calibrate(p, t, fit_temperature=False)
     assert cal.estimated_accuracy > ERROR_BANDS[-2][0]
     assert not any("chance" in n for n in cal.notes)
-
-
-def _cal(est: float, pm: float) -> Calibration:
-    return Calibration(np.full(100, est, np.float32), est, pm, 1.0, "test")
-
-
-def _sure(own: float, m: int = 100, c: int = 10) -> np.ndarray:
-    """Probabilities whose max is ``own`` on every row."""
-    p = np.full((m, c), (1 - own) / (c - 1), np.float32)
-    p[:, 0] = own
-    return p
-
-
-def test_the_top_band_reaches_the_labels_own_confidence() -> None:
-    from mrtf.trust.calibration import reaching_own_confidence
-
-    top, e_top = ERROR_BANDS[0]
-    cal = _cal(top + 0.02, e_top)
-    out = reaching_own_confidence(cal, _sure(top + 0.09))
-    assert out.plus_minus == pytest.approx(0.07, abs=1e-6)
-    assert out.estimated_accuracy == cal.estimated_accuracy  # the reading stays
-    assert any("own confidence reads" in n for n in out.notes)
-    # a near own reading changes nothing
-    assert reaching_own_confidence(cal, _sure(top + 0.03)) is cal
-
-
-def test_below_the_top_band_the_own_confidence_is_not_read() -> None:
-    from mrtf.trust.calibration import reaching_own_confidence
-
-    cal = _cal(ERROR_BANDS[0][0] - 0.05, ERROR_BANDS[1][1])
-    assert reaching_own_confidence(cal, _sure(0.99)) is cal

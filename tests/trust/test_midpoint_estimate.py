@@ -1,13 +1,19 @@
-"""adapted_estimate.midpoint_for_adapted: adapted labels are estimated midway between the
-calibrator's reading and their own mean confidence, with a ± reaching both, and each sample's
-confidence follows the estimate without changing its order."""
+"""midpoint_estimate: adapted labels, and others read as mostly right, are estimated midway
+between the calibrator's reading and their own mean confidence, with a ± reaching both, and
+each sample's confidence follows the estimate without changing its order."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from mrtf.trust.adapted_estimate import midpoint_for_adapted, shifted_to_mean
 from mrtf.trust.calibration import Calibration, apply_temperature, band_error
+from mrtf.trust.midpoint_estimate import (
+    MIDPOINT_FROM,
+    midpoint_for_adapted,
+    midpoint_for_sure_labels,
+    reads_midway,
+    shifted_to_mean,
+)
 
 
 def _cal(conf: np.ndarray, pm: float) -> Calibration:
@@ -75,3 +81,23 @@ def test_the_shift_keeps_the_order_and_the_bounds() -> None:
         assert np.all((out > 0) & (out < 1))
         np.testing.assert_array_equal(np.argsort(out, kind="stable"),
                                       np.argsort(conf, kind="stable"))
+
+
+def test_labels_that_are_not_adapted_are_read_midway_only_when_read_as_mostly_right() -> None:
+    below = _cal(np.full(1000, MIDPOINT_FROM - 0.01), 0.126)
+    above = _cal(np.full(1000, MIDPOINT_FROM + 0.01), 0.126)
+    assert not reads_midway(below) and reads_midway(above)
+
+
+def test_sure_labels_that_read_low_move_towards_their_own_confidence() -> None:
+    # ten parties on a new domain: the calibrator read 0.83, the labels' own confidence 0.93
+    out = midpoint_for_sure_labels(_cal(np.full(1000, 0.83), 0.126), _probs(0.93))
+    assert abs(out.estimated_accuracy - 0.88) < 1e-5
+    assert out.plus_minus == 0.126  # the calibrator's band at its reading is the floor
+    top = midpoint_for_sure_labels(_cal(np.full(1000, 0.87), 0.027), _probs(0.94))
+    assert abs(top.estimated_accuracy - 0.905) < 1e-5
+    assert top.estimated_accuracy - top.plus_minus <= 0.87 + 1e-6
+    assert top.estimated_accuracy + top.plus_minus >= 0.94 - 1e-6
+    assert "mostly right" in top.notes[-1] and "0.870" in top.notes[-1]
+    assert "adapted" not in top.notes[-1]
+    assert abs(float(top.confidence.mean()) - 0.905) < 1e-5

@@ -1,0 +1,56 @@
+"""refinery.trusted.calibrated: which reading of the labels' accuracy refine prints."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mrtf.refinery.trusted import calibrated
+from mrtf.trust.calibration import Signals, apply_temperature, calibrate, own_confidence
+from mrtf.trust.midpoint_estimate import MIDPOINT_FROM
+
+
+def _signals(margin: float, m: int = 400, c: int = 10, seed: int = 0
+             ) -> tuple[np.ndarray, Signals]:
+    """Four parties that agree with ``margin`` on balanced classes, neighbours in-class."""
+    rng = np.random.default_rng(seed)
+    y = np.arange(m) % c
+    logits = rng.normal(0, 1, (4, m, c)).astype(np.float32)
+    logits[:, np.arange(m), y] += margin
+    p = np.exp(logits[0]) / np.exp(logits[0]).sum(1, keepdims=True)
+    s = Signals.from_logits(logits, p, p)
+    s.neighbours = np.stack([rng.choice(np.flatnonzero(y == k), 10) for k in y])
+    return p.astype(np.float32), s
+
+
+@pytest.mark.parametrize("margin", [6.0, 1.5])
+def test_voted_labels_are_read_midway_only_when_read_as_mostly_right(margin: float) -> None:
+    probs, s = _signals(margin)
+    plain = calibrate(probs, s, fit_temperature=False)
+    cal, acc = calibrated(probs, probs, s, None)
+    if plain.estimated_accuracy >= MIDPOINT_FROM:
+        mid = (plain.estimated_accuracy + own_confidence(probs)) / 2
+        assert cal.estimated_accuracy == pytest.approx(mid, abs=1e-6)
+        assert "mostly right" in cal.notes[-1]
+    else:
+        assert cal.estimated_accuracy == plain.estimated_accuracy
+        assert cal.plus_minus == plain.plus_minus
+    assert acc.refined == cal.estimated_accuracy and acc.plus_minus == cal.plus_minus
+    # the temperature gives the printed estimate, whichever reading it is
+    assert float(apply_temperature(probs, cal.temperature).mean()) == \
+        pytest.approx(cal.estimated_accuracy, abs=2e-3)
+
+
+def test_both_margins_fall_on_either_side_of_the_edge() -> None:
+    high = calibrate(*_signals(6.0), fit_temperature=False).estimated_accuracy
+    low = calibrate(*_signals(1.5), fit_temperature=False).estimated_accuracy
+    assert low < MIDPOINT_FROM <= high
+
+
+def test_adapted_labels_are_read_midway_at_any_level() -> None:
+    probs, s = _signals(1.5)
+    cal, _ = calibrated(probs, probs, s, None, adapted=True)
+    plain = calibrate(probs, s, fit_temperature=False)
+    assert cal.estimated_accuracy == pytest.approx(
+        (plain.estimated_accuracy + own_confidence(probs)) / 2, abs=1e-6)
+    assert "adapted" in cal.notes[-1]
