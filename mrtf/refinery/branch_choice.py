@@ -36,12 +36,12 @@ as far as the parties' consensus does (:data:`MAX_SPREAD_LOSS`), else the vote i
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from mrtf.refinery.adapt_start import StartChoice
+from mrtf.refinery.debias import label_diversity
 from mrtf.refinery.novelty import Novelty
 
 REASONS = ("novelty", "one party", "vote", "collapsed start", "collapsed adaptation")
@@ -102,18 +102,6 @@ class BranchChoice:
                 "start": None if self.start is None else self.start.to_dict(),
                 "start_diversity": self.start_diversity,
                 "spreads": None if self.spreads is None else list(self.spreads)}
-
-
-def label_diversity(probs: np.ndarray, block: int = 65_536) -> float:
-    """The entropy of the histogram of argmax(probs) over the rows, as a share of ln C: 0 when
-    every row has one label, 1 when the labels are spread evenly. probs (M, C), read in
-    blocks of rows."""
-    m, c = probs.shape
-    counts = np.zeros(c, dtype=np.int64)
-    for s in range(0, m, block):
-        counts += np.bincount(np.asarray(probs[s:s + block]).argmax(1), minlength=c)
-    h = counts[counts > 0] / max(1, m)
-    return max(0.0, float(-(h * np.log(h)).sum() / math.log(c))) if c > 1 else 1.0
 
 
 def choose_branch(novelty: Novelty | None, num_local: int,

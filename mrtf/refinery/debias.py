@@ -12,11 +12,16 @@ import numpy as np
 DEBIAS_SCALE = 0.2
 
 
-def label_diversity(probs: np.ndarray) -> float:
+def label_diversity(probs: np.ndarray, block: int = 65_536) -> float:
     """Normalised entropy (0..1) of the histogram of a source's predicted labels (M, C):
-    0 when it names one class for every sample, 1 when it names every class equally often."""
+    0 when it names one class for every sample, 1 when it names every class equally often.
+    Read ``block`` rows at a time (no (M,) label array for a spilled or memory-mapped
+    ``probs``)."""
     m, c = probs.shape
-    return histogram_diversity(np.bincount(probs.argmax(1), minlength=c))
+    counts = np.zeros(c, dtype=np.int64)
+    for s in range(0, m, block):
+        counts += np.bincount(np.asarray(probs[s:s + block]).argmax(1), minlength=c)
+    return histogram_diversity(counts)
 
 
 def histogram_diversity(counts: np.ndarray) -> float:
@@ -24,7 +29,8 @@ def histogram_diversity(counts: np.ndarray) -> float:
     c = len(counts)
     hist = np.asarray(counts, dtype=np.float64) / max(1.0, float(np.sum(counts)))
     hist = hist[hist > 0]
-    return float(-(hist * np.log(hist)).sum() / np.log(c)) if c > 1 else 0.0
+    # max: one class gives -0.0, printed "-0.00"
+    return max(0.0, float(-(hist * np.log(hist)).sum() / np.log(c))) if c > 1 else 0.0
 
 
 def debias(probs: np.ndarray, strength: float, mean: np.ndarray | None = None) -> np.ndarray:

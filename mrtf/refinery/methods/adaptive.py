@@ -34,7 +34,8 @@ import numpy as np
 from torch import nn
 
 from mrtf.refinery.adaptive import ConsensusInputs, consensus_targets, input_independent
-from mrtf.refinery.branch_choice import choose_branch, collapsed_adaptation, label_diversity
+from mrtf.refinery.branch_choice import choose_branch, collapsed_adaptation
+from mrtf.refinery.debias import label_diversity
 from mrtf.refinery.ensemble import stabilized_blocks
 from mrtf.refinery.feature_shift import feature_shift
 from mrtf.refinery.fit import (
