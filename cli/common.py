@@ -40,18 +40,50 @@ class MrtfGroup(click.Group):
             old = signal.signal(signal.SIGTERM, _raise_terminated)
         try:
             return super().invoke(ctx)
-        except (InputError, FusionError) as exc:
-            click.echo(f"mrtf: error: {shown(exc, LINE_LIMIT)}", err=True)
-            ctx.exit(2)
-        except KeyboardInterrupt:
-            click.echo("mrtf: interrupted; unfinished outputs were removed", err=True)
-            ctx.exit(130)
-        except Terminated:
-            click.echo("mrtf: terminated; unfinished outputs were removed", err=True)
-            ctx.exit(143)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except BaseException as exc:
+            code = _exit_code_for(exc)
+            if code is None:
+                raise
+            ctx.exit(code)
         finally:
             if old is not None:
                 signal.signal(signal.SIGTERM, old)
+
+
+def _exit_code_for(exc: BaseException) -> int | None:
+    """Print the one line for a refused input or a signal and return the exit code; None for
+    anything else (a bug: its traceback is shown)."""
+    signalled = signal_behind(exc)
+    if isinstance(signalled, KeyboardInterrupt):
+        click.echo("mrtf: interrupted; unfinished outputs were removed", err=True)
+        return 130
+    if isinstance(signalled, Terminated):
+        click.echo("mrtf: terminated; unfinished outputs were removed", err=True)
+        return 143
+    if isinstance(exc, (InputError, FusionError)):
+        click.echo(f"mrtf: error: {shown(exc, LINE_LIMIT)}", err=True)
+        return 2
+    return None
+
+
+def signal_behind(exc: BaseException) -> BaseException | None:
+    """The KeyboardInterrupt or :class:`Terminated` that ``exc`` is or wraps, if any.
+
+    A signal can arrive wrapped: Python 3.11 turns one raised inside a class body's
+    ``__set_name__`` into a RuntimeError (it happened in CI when SIGINT landed while torch
+    lazily imported ``torch._dynamo`` for the first optimizer), and a library may re-raise it
+    as its own error.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, (KeyboardInterrupt, Terminated)):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def output_options(func: Callable) -> Callable:

@@ -4,9 +4,10 @@ line of output nor drive the terminal, and it is bounded in length."""
 from __future__ import annotations
 
 import click
+import pytest
 from click.testing import CliRunner
 
-from mrtf.cli.common import MrtfGroup, Out, shown, table
+from mrtf.cli.common import MrtfGroup, Out, Terminated, shown, signal_behind, table
 from mrtf.errors import InputError, printable
 
 FORGED = "p2\nmrtf: error: forged\x1b[2J\r\x07\u202eevil\u2028x"
@@ -58,3 +59,47 @@ def test_say_warn_and_errors_escape_what_they_print() -> None:
     assert len(err) == 2 and err[0].startswith("mrtf: warning: warned p2\\x0amrtf: error:")
     assert err[1].startswith("mrtf: error: refused p2 mrtf: error: forged\\x1b[2J")
     assert shown(FORGED) == printable(FORGED)
+
+
+class _SetNameSignals:
+    """A descriptor whose ``__set_name__`` is interrupted, as torch's lazy imports were."""
+
+    def __init__(self, signalled: BaseException) -> None:
+        self.signalled = signalled
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        raise self.signalled
+
+
+@pytest.mark.parametrize("signalled, code, word", [(KeyboardInterrupt(), 130, "interrupted"),
+                                                   (Terminated(), 143, "terminated")])
+def test_a_signal_wrapped_by_another_error_still_exits_as_the_signal(signalled, code,
+                                                                     word) -> None:
+    @click.group(cls=MrtfGroup)
+    def main() -> None:
+        pass
+
+    @main.command()
+    def go() -> None:
+        try:
+            type("Interrupted", (), {"field": _SetNameSignals(signalled)})
+        except BaseException as exc:  # 3.11 wraps it in RuntimeError, 3.12 re-raises it
+            raise InputError("a library's own error, raised from the signal") from exc
+
+    res = CliRunner().invoke(main, ["go"])
+    assert res.exit_code == code, res.output
+    assert res.stderr.splitlines() == [f"mrtf: {word}; unfinished outputs were removed"]
+    assert signal_behind(RuntimeError("no signal behind it")) is None
+
+
+def test_an_unexpected_error_is_not_swallowed() -> None:
+    @click.group(cls=MrtfGroup)
+    def main() -> None:
+        pass
+
+    @main.command()
+    def go() -> None:
+        raise ValueError("a bug")
+
+    res = CliRunner().invoke(main, ["go"])
+    assert res.exit_code == 1 and isinstance(res.exception, ValueError)
