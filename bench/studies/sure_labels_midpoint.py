@@ -9,8 +9,12 @@ right (y only scores). The report applies three rules to the same readings:
 - ``reach``: session 28's rule (from 0.85 the calibrator's reading stays and its ± reaches the
   labels' own confidence);
 - ``mid85`` / ``mid80``: from 0.85 / 0.80, labels that are not adapted are read as adapted ones
-  are (``midpoint_estimate.midpoint``: midway, a ± spanning both, the calibrator's band as
-  floor). ``mid80`` is the rule adopted (``midpoint_estimate.MIDPOINT_FROM``).
+  are (midway, a ± spanning both, the calibrator's band as floor). ``mid80`` was session 29's
+  rule (``midpoint_estimate.MIDPOINT_FROM``);
+- ``both``: session 30's rule, the one in the library: as ``mid80``, but the midpoint's ± is
+  ``midpoint_estimate.midpoint_plus_minus`` (half the gap, the sampling error and
+  ``SHARED_ERROR``, no floor above the lowest band), and in the calibrator's middle band below
+  0.80 its ± reaches the labels' own confidence (``reach_plus_minus``).
 
 Adapted labels keep their rule in all three. Per benchmark: how often the truth lay inside the
 printed ±, the median ±, the median ECE (15 bins) and the mean error; then, for the voted
@@ -36,12 +40,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from mrtf.trust.calibration import band_error, plus_minus  # noqa: E402
+from mrtf.trust.calibration import band_error, in_lowest_band, plus_minus  # noqa: E402
 from mrtf.trust.metrics import ece  # noqa: E402
-from mrtf.trust.midpoint_estimate import shifted_to_mean  # noqa: E402
+from mrtf.trust.midpoint_estimate import (  # noqa: E402
+    midpoint_plus_minus,
+    reach_plus_minus,
+    shifted_to_mean,
+)
 
 TWIN = 100
-RULES = {"reach": None, "mid85": 0.85, "mid80": 0.80}
+RULES = {"reach": None, "mid85": 0.85, "mid80": 0.80, "both": 0.80}
 
 
 def dump(grid: Path, out: Path, part: tuple[int, int]) -> None:
@@ -89,10 +97,13 @@ def reading(z, tw: int, rule: str) -> tuple[float, float, np.ndarray]:
     start = RULES[rule]
     if bool(z[f"adapted{tw}"]) or (start is not None and cal >= start):
         est = (cal + own) / 2
-        return est, max(abs(own - cal) / 2 + plus_minus(est, m, 0.0), pm), \
-            shifted_to_mean(conf, est)
+        mid = midpoint_plus_minus(cal, own, m, pm) if rule == "both" else \
+            max(abs(own - cal) / 2 + plus_minus(est, m, 0.0), pm)
+        return est, mid, shifted_to_mean(conf, est)
     if rule == "reach" and cal >= 0.85:
         pm = max(pm, abs(own - cal))
+    if rule == "both" and not in_lowest_band(cal):
+        pm = reach_plus_minus(cal, own, pm)
     return cal, pm, conf
 
 

@@ -29,6 +29,8 @@ from mrtf.trust.calibration import Signals, calibrate, temperature_for, uncalibr
 from mrtf.trust.midpoint_estimate import (
     midpoint_for_adapted,
     midpoint_for_sure_labels,
+    reaches_own_confidence,
+    reaching_own_confidence,
     reads_midway,
 )
 from mrtf.trust.neighbours import target_neighbours
@@ -75,7 +77,8 @@ def calibrated(probs: np.ndarray, before: np.ndarray, signals,
     target (the adaptive default's adapt branch), whose estimate is read midway between the
     calibrator's and the labels' own confidence (midpoint_estimate.midpoint_for_adapted); so
     are other labels the calibrator reads as mostly right
-    (midpoint_estimate.midpoint_for_sure_labels)."""
+    (midpoint_estimate.midpoint_for_sure_labels); in its middle band the ± reaches the labels'
+    own confidence (midpoint_estimate.reaching_own_confidence)."""
     # the temperature is fitted once, to the estimate that is printed (50 passes over probs)
     cal = calibration_of(probs, signals, device, fit_temperature=False)
     if signals is not None and adapted:
@@ -83,6 +86,8 @@ def calibrated(probs: np.ndarray, before: np.ndarray, signals,
     elif signals is not None and reads_midway(cal):
         cal = midpoint_for_sure_labels(cal, probs, device)
     elif signals is not None:
+        if reaches_own_confidence(cal):
+            cal = reaching_own_confidence(cal, probs)
         cal = replace(cal, temperature=temperature_for(probs, cal.estimated_accuracy,
                                                        device=device))
     averaged = None if signals is None else \

@@ -260,8 +260,15 @@ def band_error(estimate: float, classes: int | None = None,
     ones), and its misses there were all too high, by up to 18 points
     (docs/benchmarks/calibration.md, "The lowest band reaches chance")."""
     err = next((e for lo, e in bands if estimate >= lo), bands[-1][1])
-    lowest = len(bands) == 1 or estimate < bands[-2][0]
-    return max(err, estimate - 1.0 / classes) if classes and lowest else err
+    return max(err, estimate - 1.0 / classes) if classes and in_lowest_band(estimate, bands) \
+        else err
+
+
+def in_lowest_band(estimate: float, bands: tuple[tuple[float, float], ...] = ERROR_BANDS
+                   ) -> bool:
+    """Whether ``estimate`` lies in the lowest band of :data:`ERROR_BANDS` (most labels read
+    as wrong; its ± reaches down to chance)."""
+    return len(bands) == 1 or estimate < bands[-2][0]
 
 
 def plus_minus(estimate: float, m: int, grid_error: float = GRID_ERROR) -> float:

@@ -54,3 +54,16 @@ def test_adapted_labels_are_read_midway_at_any_level() -> None:
     assert cal.estimated_accuracy == pytest.approx(
         (plain.estimated_accuracy + own_confidence(probs)) / 2, abs=1e-6)
     assert "adapted" in cal.notes[-1]
+
+
+def test_voted_labels_in_the_middle_band_get_a_plus_minus_reaching_their_own_confidence(
+) -> None:
+    probs, s = _signals(2.5)  # the calibrator reads ~0.71, the labels' own confidence ~0.52
+    plain = calibrate(probs, s, fit_temperature=False)
+    assert 0.40 <= plain.estimated_accuracy < MIDPOINT_FROM
+    gap = abs(own_confidence(probs) - plain.estimated_accuracy)
+    assert gap > plain.plus_minus
+    cal, acc = calibrated(probs, probs, s, None)
+    assert cal.estimated_accuracy == plain.estimated_accuracy  # the estimate stays
+    assert cal.plus_minus == pytest.approx(gap, abs=1e-9) and acc.plus_minus == cal.plus_minus
+    assert "reaches the other" in cal.notes[-1]

@@ -1,6 +1,7 @@
 """midpoint_estimate: adapted labels, and others read as mostly right, are estimated midway
 between the calibrator's reading and their own mean confidence, with a ± reaching both, and
-each sample's confidence follows the estimate without changing its order."""
+each sample's confidence follows the estimate without changing its order; in the calibrator's
+middle band its ± reaches the labels' own confidence."""
 
 from __future__ import annotations
 
@@ -9,9 +10,15 @@ import numpy as np
 from mrtf.trust.calibration import Calibration, apply_temperature, band_error
 from mrtf.trust.midpoint_estimate import (
     MIDPOINT_FROM,
+    SHARED_ERROR,
+    SHARED_SHARE,
     midpoint_for_adapted,
     midpoint_for_sure_labels,
+    midpoint_plus_minus,
+    reaches_own_confidence,
+    reaching_own_confidence,
     reads_midway,
+    shared_error,
     shifted_to_mean,
 )
 
@@ -31,8 +38,10 @@ def _probs(top: float, m: int = 1000) -> np.ndarray:
 def test_the_estimate_is_midway_and_the_interval_reaches_both_readings() -> None:
     out = midpoint_for_adapted(_cal(np.full(1000, 0.90), 0.027), _probs(0.99))
     assert abs(out.estimated_accuracy - 0.945) < 1e-5
-    # |0.99 - 0.90| / 2 and 2 binomial standard errors of 0.945 on 1,000 samples
-    assert abs(out.plus_minus - 0.045 - 2 * np.sqrt(0.945 * 0.055 / 1000)) < 1e-5
+    # |0.99 - 0.90| / 2, 2 binomial standard errors of 0.945 on 1,000 samples, and what both
+    # readings can share
+    assert abs(out.plus_minus - 0.045 - 2 * np.sqrt(0.945 * 0.055 / 1000)
+               - shared_error(0.945)) < 1e-5
     assert out.estimated_accuracy - out.plus_minus <= 0.90 + 1e-5
     assert out.estimated_accuracy + out.plus_minus >= 0.99 - 1e-5
     assert abs(float(out.confidence.mean()) - 0.945) < 1e-5
@@ -48,29 +57,37 @@ def test_the_temperature_gives_the_new_estimate() -> None:
                - out.estimated_accuracy) < 1e-3
 
 
-def test_readings_that_agree_keep_the_calibrators_own_interval() -> None:
+def test_readings_that_agree_still_allow_for_an_error_they_share() -> None:
     out = midpoint_for_adapted(_cal(np.full(400, 0.97), 0.027), _probs(0.97, 400))
     assert abs(out.estimated_accuracy - 0.97) < 1e-5
-    assert abs(out.plus_minus - 0.027) < 1e-9  # not zero
+    assert abs(out.plus_minus - 2 * np.sqrt(0.97 * 0.03 / 400) - shared_error(0.97)) < 1e-6
     few = midpoint_for_adapted(_cal(np.full(20, 0.97), 0.027), _probs(0.97, 20))
-    assert abs(few.plus_minus - 2 * np.sqrt(0.97 * 0.03 / 20)) < 1e-6  # sampling, if larger
+    assert abs(few.plus_minus - 2 * np.sqrt(0.97 * 0.03 / 20) - shared_error(0.97)) < 1e-6
     one = midpoint_for_adapted(_cal(np.full(1, 0.5), 0.027), _probs(0.9, 1))
     assert np.isfinite(one.plus_minus) and one.plus_minus > 0.2
 
 
-def test_a_too_confident_calibrator_is_pulled_down_and_its_interval_is_a_floor() -> None:
+def test_a_too_confident_calibrator_is_pulled_down() -> None:
     out = midpoint_for_adapted(_cal(np.full(1000, 0.56), 0.126), _probs(0.44))
     assert abs(out.estimated_accuracy - 0.50) < 1e-5
-    assert out.plus_minus == 0.126 > 0.06 + 0.032  # the calibrator's ±, not half the gap
+    assert abs(out.plus_minus - 0.06 - 2 * np.sqrt(0.25 / 1000) - SHARED_ERROR) < 1e-6
 
 
-def test_the_floor_is_the_calibrators_interval_not_the_band_of_the_midpoint() -> None:
-    # a calibrator just under the top band's edge (its ± 0.126) and a midpoint above it: the
-    # interval keeps the calibrator's ±, not the narrower top band's
-    cal = _cal(np.full(1000, 0.84), band_error(0.84))
-    out = midpoint_for_adapted(cal, _probs(0.89))
-    assert out.estimated_accuracy > 0.85 and band_error(out.estimated_accuracy) < 0.05
-    assert out.plus_minus == band_error(0.84) == 0.126
+def test_the_interval_no_longer_takes_the_calibrators_band_as_its_floor() -> None:
+    # a calibrator just under the top band's edge (its ± 0.126) and readings 5 points apart:
+    # the ± is what the two readings say, narrower than the calibrator's band
+    out = midpoint_for_adapted(_cal(np.full(1000, 0.84), band_error(0.84)), _probs(0.89))
+    expected = 0.025 + 2 * np.sqrt(0.865 * 0.135 / 1000) + shared_error(0.865)
+    assert abs(out.plus_minus - expected) < 1e-6 and out.plus_minus < band_error(0.84)
+    assert abs(midpoint_plus_minus(0.84, 0.89, 1000, 0.126) - out.plus_minus) < 1e-6
+
+
+def test_in_the_lowest_band_the_calibrators_interval_to_chance_is_the_floor() -> None:
+    # the calibrator reads most labels wrong: its ± reaches chance, and the midpoint keeps it
+    out = midpoint_for_adapted(_cal(np.full(1000, 0.30), band_error(0.30, 10)), _probs(0.40))
+    assert abs(out.estimated_accuracy - 0.35) < 1e-5
+    assert abs(out.plus_minus - band_error(0.30, 10)) < 1e-9 and abs(out.plus_minus - 0.2) < 1e-6
+    assert midpoint_plus_minus(0.45, 0.40, 1000, 0.126) < 0.126  # above that band: no floor
 
 
 def test_the_shift_keeps_the_order_and_the_bounds() -> None:
@@ -93,7 +110,7 @@ def test_sure_labels_that_read_low_move_towards_their_own_confidence() -> None:
     # ten parties on a new domain: the calibrator read 0.83, the labels' own confidence 0.93
     out = midpoint_for_sure_labels(_cal(np.full(1000, 0.83), 0.126), _probs(0.93))
     assert abs(out.estimated_accuracy - 0.88) < 1e-5
-    assert out.plus_minus == 0.126  # the calibrator's band at its reading is the floor
+    assert abs(out.plus_minus - 0.05 - 2 * np.sqrt(0.88 * 0.12 / 1000) - shared_error(0.88)) < 1e-6
     top = midpoint_for_sure_labels(_cal(np.full(1000, 0.87), 0.027), _probs(0.94))
     assert abs(top.estimated_accuracy - 0.905) < 1e-5
     assert top.estimated_accuracy - top.plus_minus <= 0.87 + 1e-6
@@ -101,3 +118,29 @@ def test_sure_labels_that_read_low_move_towards_their_own_confidence() -> None:
     assert "mostly right" in top.notes[-1] and "0.870" in top.notes[-1]
     assert "adapted" not in top.notes[-1]
     assert abs(float(top.confidence.mean()) - 0.905) < 1e-5
+
+
+def test_in_the_middle_band_the_interval_reaches_the_labels_own_confidence() -> None:
+    # scikit-digits parties on MNIST: the calibrator read 0.55, the labels' own confidence 0.83
+    cal = _cal(np.full(1000, 0.55), 0.126)
+    assert reaches_own_confidence(cal)
+    out = reaching_own_confidence(cal, _probs(0.83))
+    assert out.estimated_accuracy == cal.estimated_accuracy  # the estimate stays
+    assert abs(out.plus_minus - 0.28) < 1e-5
+    assert "0.550" in out.notes[-1] and "0.830" in out.notes[-1] and "reaches" in out.notes[-1]
+    np.testing.assert_array_equal(out.confidence, cal.confidence)
+    near = reaching_own_confidence(cal, _probs(0.60))  # nearer than the band: unchanged
+    assert near is cal
+
+
+def test_only_the_middle_band_reaches() -> None:
+    assert not reaches_own_confidence(_cal(np.full(100, 0.30), 0.2))  # lowest band: to chance
+    assert not reaches_own_confidence(_cal(np.full(100, MIDPOINT_FROM), 0.126))  # midway
+    assert reaches_own_confidence(_cal(np.full(100, 0.40), 0.126))
+
+
+def test_the_shared_error_is_a_share_of_what_is_read_wrong_up_to_a_cap() -> None:
+    assert shared_error(0.50) == SHARED_ERROR  # capped
+    assert abs(shared_error(0.97) - SHARED_SHARE * 0.03) < 1e-12  # near 1: a share of 3 %
+    assert shared_error(1.0) == 0.0
+    assert shared_error(0.90) <= shared_error(0.80) <= shared_error(0.60)
