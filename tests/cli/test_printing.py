@@ -3,14 +3,26 @@ line of output nor drive the terminal, and it is bounded in length."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import click
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from mrtf.cli.common import MrtfGroup, Out, Terminated, shown, signal_behind, table
 from mrtf.errors import InputError, printable
 
 FORGED = "p2\nmrtf: error: forged\x1b[2J\r\x07\u202eevil\u2028x"
+
+
+def _run(body: Callable[[], None]) -> Result:
+    """``body`` run as the command ``go`` of an MrtfGroup, as the CLI runs its commands."""
+    @click.group(cls=MrtfGroup)
+    def main() -> None:
+        pass
+
+    main.command("go")(body)
+    return CliRunner().invoke(main, ["go"])
 
 
 def test_printable_escapes_control_and_format_characters() -> None:
@@ -35,11 +47,6 @@ def test_table_cells_are_one_escaped_line_each() -> None:
 
 
 def test_say_warn_and_errors_escape_what_they_print() -> None:
-    @click.group(cls=MrtfGroup)
-    def main() -> None:
-        pass
-
-    @main.command()
     def go() -> None:
         out = Out()
         # a text's own newlines stay lines (tables); every other control character is
@@ -49,7 +56,7 @@ def test_say_warn_and_errors_escape_what_they_print() -> None:
         out.warn(f"warned {FORGED}")
         raise InputError(f"refused {FORGED}")
 
-    res = CliRunner().invoke(main, ["go"])
+    res = _run(go)
     assert res.exit_code == 2
     assert res.stdout.splitlines()[0].startswith("line one p2 mrtf: error: forged\\x1b[2J")
     assert res.stdout.splitlines()[1] == "line two"
@@ -75,31 +82,21 @@ class _SetNameSignals:
                                                    (Terminated(), 143, "terminated")])
 def test_a_signal_wrapped_by_another_error_still_exits_as_the_signal(signalled, code,
                                                                      word) -> None:
-    @click.group(cls=MrtfGroup)
-    def main() -> None:
-        pass
-
-    @main.command()
     def go() -> None:
         try:
             type("Interrupted", (), {"field": _SetNameSignals(signalled)})
         except BaseException as exc:  # 3.11 wraps it in RuntimeError, 3.12 re-raises it
             raise InputError("a library's own error, raised from the signal") from exc
 
-    res = CliRunner().invoke(main, ["go"])
+    res = _run(go)
     assert res.exit_code == code, res.output
     assert res.stderr.splitlines() == [f"mrtf: {word}; unfinished outputs were removed"]
     assert signal_behind(RuntimeError("no signal behind it")) is None
 
 
 def test_an_unexpected_error_is_not_swallowed() -> None:
-    @click.group(cls=MrtfGroup)
-    def main() -> None:
-        pass
-
-    @main.command()
     def go() -> None:
         raise ValueError("a bug")
 
-    res = CliRunner().invoke(main, ["go"])
+    res = _run(go)
     assert res.exit_code == 1 and isinstance(res.exception, ValueError)
