@@ -30,8 +30,10 @@ vote's student too (adapt_start.py), which is the remedy there.
 **An adaptation that empties classes.** A start can spread its labels and SHOT still merge
 classes: ten such parties on MNIST → USPS (Dirichlet 0.1, seed 6; θ_{t+1}'s spread 0.47, just
 over the start guard) adapted to labels in six classes, 0.495 right, where the vote gave 0.929.
-So where θ_{t+1} was the only start, its adapted labels must spread over the classes nearly
-as far as the parties' consensus does (:data:`MAX_SPREAD_LOSS`), else the vote is distilled.
+So the adapted labels must spread over the classes nearly as far as the parties' consensus
+does (:data:`MAX_SPREAD_LOSS`), else the vote is distilled. This was found where θ_{t+1} was
+the only start; where both starts are adapted (adapt_start.py) the kept one is checked the
+same way, and the vote's student, as distilled before SHOT, is what the vote gives.
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ class BranchChoice:
                    f"{MIN_START_DIVERSITY}): SHOT starts from those labels and would keep "
                    f"them"),
                "collapsed adaptation": (
-                   "θ_{t+1} was adapted, but its labels' spread fell to "
+                   "adapted, the labels' spread fell to "
                    f"{(self.spreads or (0.0, 0.0))[0]:.2f} of an even one's against the "
                    f"parties' consensus' {(self.spreads or (0.0, 0.0))[1]:.2f}: SHOT merged "
                    "classes, and the vote was distilled instead")}[self.by]

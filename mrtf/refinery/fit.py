@@ -105,11 +105,14 @@ def adapts_from_both_starts(model: nn.Module, num_local: int) -> bool:
 class KeptStart:
     """The adapt branch from both starts: the kept ``model``, the ``choice`` and the kept
     model's ``labels`` (neighbour_vote.final_probs: probabilities and vote), which the report
-    reuses instead of voting again."""
+    reuses instead of voting again; ``voted``: the vote's student as distilled, before SHOT
+    (what the vote branch would give), for an adaptation that merged classes
+    (branch_choice.collapsed_adaptation)."""
 
     model: nn.Module
     choice: StartChoice
     labels: tuple[np.ndarray, NeighbourVote | None]
+    voted: nn.Module
 
 
 def adapt_both_starts(average: nn.Module, source, targets: np.ndarray, config: RefineConfig,
@@ -117,12 +120,13 @@ def adapt_both_starts(average: nn.Module, source, targets: np.ndarray, config: R
     """The adapt branch with a vote to distil (more than one party): ``average`` (θ_{t+1})
     adapted as it is, and a copy of it first distilled to ``targets`` (the vote's student)
     then adapted; the one whose labels (after the neighbour vote) carry more information
-    about the target, and are no less diverse, is kept (adapt_start.py), with the choice
-    and its labels. ``average`` is adapted in place."""
+    about the target, and are no less diverse, is kept (adapt_start.py), with the choice,
+    its labels and the vote's student before SHOT. ``average`` is adapted in place."""
     student = distil_student(copy.deepcopy(average), source, targets, config, dev)
+    voted = copy.deepcopy(student)  # SHOT adapts the student in place
     adapted = {AVERAGE: adapt_student(average, source, config, dev, streaming),
                VOTE_STUDENT: adapt_student(student, source, config, dev, streaming)}
     labels = {name: final_probs(model, source, config.vote_k, config.inference_batch, dev,
                                 config.stack) for name, model in adapted.items()}
     choice = choose_start({name: out[0] for name, out in labels.items()})
-    return KeptStart(adapted[choice.kept], choice, labels[choice.kept])
+    return KeptStart(adapted[choice.kept], choice, labels[choice.kept], voted)

@@ -128,6 +128,10 @@ def test_both_starts_are_adapted_and_the_chosen_model_is_returned(monkeypatch) -
     assert adapted[0] == id(average) and len(adapted) == 2 and distilled == [adapted[1]]
     assert kept.model is not average and id(kept.model) == adapted[1]
     assert kept.labels[0] is targets  # the kept start's labels, for the report to reuse
+    # the vote's student before SHOT, a copy of its own (this SHOT stand-in changes nothing)
+    assert kept.voted is not kept.model and id(kept.voted) not in adapted
+    for a, b in zip(kept.voted.state_dict().values(), kept.model.state_dict().values()):
+        assert torch.equal(a, b)
 
 
 def test_both_starts_only_for_several_batchnorm_parties() -> None:

@@ -16,6 +16,7 @@ from mrtf.io.hdf5 import ArraySource
 from mrtf.models import build_model
 from mrtf.refinery import RefineConfig, refine
 from mrtf.refinery.adapt_start import label_information
+from mrtf.refinery.branch_choice import MAX_SPREAD_LOSS
 from mrtf.refinery.feature_shift import FEATURE_SHIFT
 from mrtf.refinery.neighbour_vote import final_probs
 
@@ -67,6 +68,9 @@ def test_a_new_domain_is_adapted_on_the_feature_shift_alone(parties):
     assert set(r.branch.start.information) == {"θ_{t+1}", "the vote's student"}
     assert r.branch.start.kept in r.branch.start.information
     assert "kept" in r.branch.line() and r.to_dict()["branch"]["start"]["kept"]
+    # the kept adaptation spread its labels as far as the consensus: checked, and kept
+    adapted, consensus = r.branch.spreads
+    assert adapted >= consensus - MAX_SPREAD_LOSS
     # the labels are the kept model's own neighbour vote, the ones the choice scored
     assert label_information(r.probs) == pytest.approx(r.branch.start.information[
         r.branch.start.kept])
@@ -83,3 +87,24 @@ def test_the_default_reads_a_grey_background_away(parties):
     assert r.reading.foreground and r.input_reading.reason == "searched"
     # read as its foreground, the target is the parties' own domain again: they vote
     assert r.novelty.feature_shift < FEATURE_SHIFT and r.branch.chosen == "vote"
+
+
+def test_a_kept_adaptation_that_merges_classes_gives_way_to_the_vote(parties, monkeypatch):
+    """Both starts adapted, the kept one checked against the consensus' spread as the only
+    start is (branch_choice.collapsed_adaptation): counted as merging classes here (the check
+    made to fail on any spread), the result is the vote's student as distilled before SHOT,
+    the very model the vote branch gives."""
+    import mrtf.refinery.branch_choice as branch_choice
+    import mrtf.refinery.methods.adaptive as adaptive
+
+    received, x, _ = parties
+    greyed = np.clip(x + 0.3, 0.0, 1.0).astype(np.float32)
+    monkeypatch.setattr(branch_choice, "MAX_SPREAD_LOSS", -1.0)
+    r = _refine(received, greyed, reading="off")
+    assert r.novelty.adapt and (r.branch.chosen, r.branch.by) == ("vote", "collapsed adaptation")
+    assert "SHOT merged classes" in r.branch.line() and r.branch.spreads is not None
+    monkeypatch.setattr(adaptive, "choose_branch",
+                        lambda *a, **k: branch_choice.BranchChoice("vote", "vote"))
+    voted = _refine(received, greyed, reading="off")
+    assert (voted.branch.chosen, voted.branch.by) == ("vote", "vote")
+    np.testing.assert_array_equal(r.probs, voted.probs)

@@ -12,8 +12,8 @@ neighbour vote. Its steps, as README "How adaptive works" numbers them, and wher
 5. vote or adapt: a target new to the parties (their novelty signal: loss claims, and
    BatchNorm statistics where the models have them), or one party only
    → θ_{t+1} adapted with SHOT and settled, and (BatchNorm, several parties) also the vote's
-   student; the labels with more information, no less spread, kept; where θ_{t+1} was the
-   only start, the vote instead if its adapted labels spread less than the consensus
+   student; the labels with more information, no less spread, kept; the vote instead if
+   the adapted labels spread less than the consensus
                                                  (:meth:`Adaptive.evidence`, novelty.py,
                                                   feature_shift.py, adapt_start.py,
                                                   :meth:`Adaptive.fit`, branch_choice.py,
@@ -133,12 +133,22 @@ class Adaptive(Distilled):
         if state.branch is not None and state.branch.adapts:
             if not adapts_from_both_starts(start, state.num_local):
                 return self._adapt_only_start(state, start)
-            kept = adapt_both_starts(start, state.source, state.targets, state.config,
-                                     state.dev, state.spilled)
-            state.branch = replace(state.branch, start=kept.choice)
-            state.labels = kept.labels  # scored already: the report need not vote again
-            return kept.model
+            return self._adapt_both_starts(state, start)
         return distil_student(start, state.source, state.targets, state.config, state.dev)
+
+    def _adapt_both_starts(self, state: RefineState, start: nn.Module) -> nn.Module:
+        """θ_{t+1} and the vote's student adapted, the better kept (adapt_start.py), its labels
+        checked against the consensus' spread as :meth:`_adapt_only_start` checks: the vote's
+        student as distilled, before SHOT, where the kept adaptation merged classes."""
+        kept = adapt_both_starts(start, state.source, state.targets, state.config, state.dev,
+                                 state.spilled)
+        assert state.branch is not None
+        state.branch = collapsed_adaptation(replace(state.branch, start=kept.choice),
+                                            kept.labels[0], state.targets)
+        if not state.branch.adapts:
+            return kept.voted
+        state.labels = kept.labels  # scored already: the report need not vote again
+        return kept.model
 
     def _adapt_only_start(self, state: RefineState, start: nn.Module) -> nn.Module:
         """θ_{t+1} adapted where it is the only start, its labels checked against the
