@@ -26,6 +26,7 @@ from mrtf.refinery.result import (
 from mrtf.refinery.teachers import check_finite, teacher_logits
 from mrtf.trust.basin import SHARED_COSINE, assess_basin, weight_cosine
 from mrtf.trust.calibration import Signals, calibrate, temperature_for, uncalibrated
+from mrtf.trust.confidence_shape import tempered_in_calibrators_order
 from mrtf.trust.midpoint_estimate import (
     midpoint_for_adapted,
     midpoint_for_sure_labels,
@@ -78,7 +79,9 @@ def calibrated(probs: np.ndarray, before: np.ndarray, signals,
     calibrator's and the labels' own confidence (midpoint_estimate.midpoint_for_adapted); so
     are other labels the calibrator reads as mostly right
     (midpoint_estimate.midpoint_for_sure_labels); in its middle band the ± reaches the labels'
-    own confidence (midpoint_estimate.reaching_own_confidence)."""
+    own confidence (midpoint_estimate.reaching_own_confidence). Each sample's confidence
+    then keeps its rank under the calibrator and takes the tempered model's value of that
+    rank (confidence_shape.py)."""
     # the temperature is fitted once, to the estimate that is printed (50 passes over probs)
     cal = calibration_of(probs, signals, device, fit_temperature=False)
     if signals is not None and adapted:
@@ -90,6 +93,8 @@ def calibrated(probs: np.ndarray, before: np.ndarray, signals,
             cal = reaching_own_confidence(cal, probs)
         cal = replace(cal, temperature=temperature_for(probs, cal.estimated_accuracy,
                                                        device=device))
+    if signals is not None:
+        cal = tempered_in_calibrators_order(cal, probs)
     averaged = None if signals is None else \
         calibration_of(before, signals, device, fit_temperature=False).estimated_accuracy
     return cal, AccuracyEstimate(cal.estimated_accuracy, cal.plus_minus, cal.method, averaged,

@@ -2,7 +2,7 @@
 
 The refined model's max probability is no probability of being right: distillation to a
 consensus that is ≥ 0.95 sure makes it ≥ 0.9 sure on cross-domain targets where it is right
-0.3-0.5 of the time (docs/results.md). The confidence written to the labels file is instead
+0.3-0.5 of the time (docs/results.md). The confidence refine reads is instead
 
     conf(x) = σ(w · φ(x) + b),
 
@@ -24,7 +24,8 @@ to chance). Signals without neighbourhoods (a caller that builds them itself) ge
 
 For ``mrtf label`` (one model, no parties) the refined model carries a temperature T (its
 bundle's ``mrtf.calibration``), chosen at refine time so that its max probability at T has the
-calibrated confidence's mean; ``label`` applies T.
+calibrated confidence's mean; ``label`` applies T. What refine writes per sample is that
+tempered probability in the order of conf(x) (mrtf.trust.confidence_shape).
 """
 
 from __future__ import annotations

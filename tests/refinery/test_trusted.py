@@ -67,3 +67,17 @@ def test_voted_labels_in_the_middle_band_get_a_plus_minus_reaching_their_own_con
     assert cal.estimated_accuracy == plain.estimated_accuracy  # the estimate stays
     assert cal.plus_minus == pytest.approx(gap, abs=1e-9) and acc.plus_minus == cal.plus_minus
     assert "reaches the other" in cal.notes[-1]
+
+
+@pytest.mark.parametrize("margin", [6.0, 2.5, 1.5])
+def test_each_sample_keeps_its_calibrated_rank_and_the_mean_is_the_estimate(margin) -> None:
+    probs, s = _signals(margin)
+    plain = calibrate(probs, s, fit_temperature=False)
+    cal, _ = calibrated(probs, probs, s, None)
+    assert float(cal.confidence.mean()) == pytest.approx(cal.estimated_accuracy, abs=1e-5)
+    # the calibrator's order (the midpoint's one logit shift keeps it too)
+    np.testing.assert_array_equal(np.argsort(cal.confidence, kind="stable"),
+                                  np.argsort(plain.confidence, kind="stable"))
+    # the values: the refined model's max probability at the temperature refine carries
+    tempered = np.sort(apply_temperature(probs, cal.temperature))
+    assert np.abs(np.sort(cal.confidence) - tempered).max() < 0.01
