@@ -6,8 +6,8 @@ share it), and its mean is the estimate printed. The refined model's own max pro
 the temperature T fitted to that estimate (what ``mrtf label`` writes) has the same mean, and
 its values are spread as right and wrong labels are: many near 1, a tail of doubtful ones,
 where the calibrator's values bunch together. So each sample keeps its rank under the
-calibrator and takes the tempered value of that rank: selective labeling (which samples are
-left unlabeled) is unchanged, and on every benchmark the median ECE fell
+calibrator and takes the tempered value of that rank: the order, and so which samples
+``--coverage`` leaves unlabeled, is unchanged, and on every benchmark the median ECE fell
 (docs/benchmarks/calibration.md, "The calibrator orders, the tempered model says how sure").
 """
 
