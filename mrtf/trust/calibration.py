@@ -291,10 +291,8 @@ def temperature_for(probs: np.ndarray, target_mean: float, block: int = 65536,
     m = len(probs)
 
     def mean_max(t: float) -> float:
-        total = 0.0
-        for a in range(0, m, block):
-            logp = np.log(np.clip(probs[a:a + block].astype(np.float64), 1e-12, 1.0))
-            total += float(_softmax(logp / t).max(1).sum())
+        total = sum(float(_tempered_max(probs[a:a + block], t).sum())
+                    for a in range(0, m, block))
         return total / max(1, m)
 
     return _bisect(mean_max, target_mean, probs.shape[1])
@@ -331,10 +329,22 @@ def _bisect(mean_max: Callable[[float], float], target_mean: float, c: int) -> f
     return float(math.exp((lo + hi) / 2))
 
 
-def apply_temperature(probs: np.ndarray, temperature: float) -> np.ndarray:
-    """max softmax(log p / T) per row: the confidence ``mrtf label`` writes."""
-    logp = np.log(np.clip(np.asarray(probs, dtype=np.float64), 1e-12, 1.0))
-    return _softmax(logp / float(temperature)).max(1).astype(np.float32)
+def _tempered_max(rows: np.ndarray, t: float) -> np.ndarray:
+    """max softmax(log p / t) of a block of rows, float64."""
+    logp = np.log(np.clip(np.asarray(rows, dtype=np.float64), 1e-12, 1.0))
+    return _softmax(logp / t).max(1)
+
+
+def apply_temperature(probs: np.ndarray, temperature: float, block: int = 65536
+                      ) -> np.ndarray:
+    """max softmax(log p / T) per row: the confidence ``mrtf label`` writes, and the values
+    refine's confidence takes (confidence_shape.py); by blocks of rows, as
+    :func:`temperature_for`: no (M, C) float64 temporaries."""
+    probs = np.asarray(probs)
+    out = np.empty(len(probs), dtype=np.float32)
+    for a in range(0, len(probs), block):
+        out[a:a + block] = _tempered_max(probs[a:a + block], float(temperature))
+    return out
 
 
 def calibrate(probs: np.ndarray, signals: Signals,
