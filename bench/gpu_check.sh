@@ -15,6 +15,8 @@
 #   memory    bench/gpu_memory.py: what the CUDA context, cuBLAS, cuDNN and pinned buffers add
 #             to the resident set (not in the default list)
 #   trim      the scale cell with malloc_trim(0) after each stage (not in the default list)
+#   rss       bench/gpu_rss.py: the scale cell's peak RSS under the allocator and thread
+#             settings RSS_VARIANTS names (default "base lean"; not in the default list)
 #   teachers  bench/gpu_teachers.py (issue 14's teacher rates; not in the default list)
 #   backends  bench/knn_backends.py --M 1000000: CLR and k-means per backend, agreement with
 #             the CPU path (not in the default list)
@@ -111,6 +113,11 @@ s.sort_stats('tottime').print_stats(40)" > "$OUT/profile.txt" 2>&1 \
     memory)
       # what CUDA adds to the resident set, step by step (context, cuBLAS, cuDNN, pinned)
       timeout $(left 90) python3 bench/gpu_memory.py --out "$OUT/gpu_memory.json" ;;
+    rss)
+      # bench/gpu_rss.py: the 1M refine's peak RSS under allocator and thread settings
+      OMP_NUM_THREADS=$THREADS timeout $(left 300) python3 bench/gpu_rss.py \
+        --M ${SCALE_M:-1000000} --threads "$THREADS" --variants ${RSS_VARIANTS:-base lean} \
+        --dir "$SCALE_DIR" --out "$OUT/gpu_rss.json" 2>&1 | tail -40 ;;
     trim)
       # the scale cell again with glibc's malloc_trim(0) after each stage: is the peak memory
       # that stages freed and the allocator kept?
@@ -123,7 +130,7 @@ s.sort_stats('tottime').print_stats(40)" > "$OUT/profile.txt" 2>&1 \
     backends)
       OMP_NUM_THREADS=$THREADS timeout $(left 240) python3 bench/knn_backends.py --M 1000000 \
         --repeats 2 --out "$OUT/knn_backends.json" ;;
-    *) echo "unknown stage $stage (env device compare scale tests memory trim teachers" \
+    *) echo "unknown stage $stage (env device compare scale tests memory trim rss teachers" \
          "backends)"
        exit 2 ;;
   esac
