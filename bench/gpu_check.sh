@@ -15,6 +15,8 @@
 #   memory    bench/gpu_memory.py: what the CUDA context, cuBLAS, cuDNN and pinned buffers add
 #             to the resident set (not in the default list)
 #   trim      the scale cell with malloc_trim(0) after each stage (not in the default list)
+#   ops       bench/gpu_op_memory.py: the memory each operation's first call adds, on a
+#             20,000-row refine (not in the default list)
 #   rss       bench/gpu_rss.py: the scale cell's peak RSS under the allocator and thread
 #             settings RSS_VARIANTS names (default "base lean"; not in the default list)
 #   teachers  bench/gpu_teachers.py (issue 14's teacher rates; not in the default list)
@@ -118,6 +120,17 @@ s.sort_stats('tottime').print_stats(40)" > "$OUT/profile.txt" 2>&1 \
       OMP_NUM_THREADS=$THREADS timeout $(left 300) python3 bench/gpu_rss.py \
         --M ${SCALE_M:-1000000} --threads "$THREADS" --variants ${RSS_VARIANTS:-base lean} \
         --dir "$SCALE_DIR" --out "$OUT/gpu_rss.json" 2>&1 | tail -40 ;;
+    ops)
+      # bench/gpu_op_memory.py: the resident memory each operation's first call adds (CUDA's
+      # lazily loaded kernel modules), on a 20,000-row refine; then that refine's stage ends
+      OMP_NUM_THREADS=$THREADS timeout $(left 150) python3 bench/gpu_rss.py --M 20000 \
+        --threads "$THREADS" --variants base --dir "$SCALE_DIR" --out "$OUT/gpu_rss20k.json" \
+        2>&1 | tail -4
+      OMP_NUM_THREADS=$THREADS timeout $(left 120) python3 bench/gpu_op_memory.py \
+        "$OUT/gpu_op_memory.json" -- refine "$SCALE_DIR/received-K10" \
+        --data "$SCALE_DIR/mnist5k-tiled-20000.h5" --labels /tmp/ops-labels.h5 \
+        --model /tmp/ops-model.safetensors --method adaptive --stream on --force --quiet \
+        2>&1 | tail -30 ;;
     trim)
       # the scale cell again with glibc's malloc_trim(0) after each stage: is the peak memory
       # that stages freed and the allocator kept?
@@ -130,7 +143,7 @@ s.sort_stats('tottime').print_stats(40)" > "$OUT/profile.txt" 2>&1 \
     backends)
       OMP_NUM_THREADS=$THREADS timeout $(left 240) python3 bench/knn_backends.py --M 1000000 \
         --repeats 2 --out "$OUT/knn_backends.json" ;;
-    *) echo "unknown stage $stage (env device compare scale tests memory trim rss teachers" \
+    *) echo "unknown stage $stage (env device compare scale tests memory trim rss ops teachers" \
          "backends)"
        exit 2 ;;
   esac
