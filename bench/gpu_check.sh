@@ -69,6 +69,8 @@ for stage in ${@:-env device compare scale tests}; do
 'cuda', torch.cuda.is_available(), torch.version.cuda, 'faiss', faiss.__version__)"
       python3 -c "from mrtf.compute.backend import choose_backend; \
 print('k-NN / k-means backend:', choose_backend(None))"
+      python3 -c "import torch; print('pinned cache release (mrtf.device.release_pinned):', \
+hasattr(torch.accelerator, 'empty_host_cache') or hasattr(torch._C, '_host_emptyCache'))"
       python3 -c "import xdist" 2>/dev/null && echo "pytest-xdist: yes" \
         || echo "pytest-xdist: no (the suite runs serially)"
       # what a refine imports, compiled to .pyc once, as an installed package's would be (a

@@ -54,3 +54,19 @@ def seed_everything(seed: int) -> torch.Generator:
     """Seed torch's global RNG and return a CPU generator for explicit sampling."""
     torch.manual_seed(seed)
     return torch.Generator().manual_seed(seed)
+
+
+def release_pinned(device: str | torch.device | None) -> bool:
+    """Give the page-locked host blocks that PyTorch's CUDA host allocator keeps for reuse
+    back to the system, after a pass that pinned its chunks (teachers.TeacherChunks); blocks
+    still in use stay. Kept, those blocks count in the resident set for the rest of the run,
+    also while nothing is read (docs/gpu.md, "Host memory"); a later pass pins its own. True
+    when a cache was emptied; a no-op on the CPU, or where this PyTorch has no such call."""
+    if device is None or torch.device(device).type != "cuda":
+        return False
+    empty = getattr(getattr(torch, "accelerator", None), "empty_host_cache", None) \
+        or getattr(torch._C, "_host_emptyCache", None)
+    if empty is None:
+        return False
+    empty()
+    return True

@@ -31,8 +31,9 @@ def shot_sgd(params: Iterable[Any], lr: float) -> torch.optim.SGD:
     """SHOT's optimiser over ``params`` (tensors or parameter groups): SGD at ``lr`` with
     momentum 0.9, Nesterov and weight decay 1e-3; its lr is then set step by step
     (:func:`anneal`)."""
+    # foreach=False: one tensor at a time on CUDA too, as refinery/distill.py says why
     return torch.optim.SGD(params, lr=lr, momentum=SGD_MOMENTUM, nesterov=True,
-                           weight_decay=SGD_WEIGHT_DECAY)
+                           weight_decay=SGD_WEIGHT_DECAY, foreach=False)
 
 
 def anneal(opt: torch.optim.Optimizer, lr: float, step: int, total: int) -> None:

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from mrtf.device import pick_device, reproducible_cuda
+from mrtf.device import pick_device, release_pinned, reproducible_cuda
 
 
 def test_pick_device_cpu_and_torch_device():
@@ -60,3 +60,20 @@ def test_off_cpu_names_only_devices_other_than_the_cpu():
     assert off_cpu(torch.device("cpu")) is None
     assert off_cpu("cuda") == torch.device("cuda")  # named, not checked for presence
     assert off_cpu(torch.device("meta")) == torch.device("meta")
+
+
+def test_release_pinned_empties_the_host_cache_for_cuda_only(monkeypatch):
+    """The pinned blocks go back after a CUDA pass; the CPU (or no device) calls nothing."""
+    calls = []
+    monkeypatch.setattr(torch.accelerator, "empty_host_cache", lambda: calls.append(1),
+                        raising=False)
+    assert release_pinned("cpu") is False and release_pinned(None) is False
+    assert calls == []
+    assert release_pinned("cuda") is True and release_pinned(torch.device("cuda", 0)) is True
+    assert calls == [1, 1]
+
+
+def test_release_pinned_without_the_call_is_a_no_op(monkeypatch):
+    monkeypatch.delattr(torch.accelerator, "empty_host_cache", raising=False)
+    monkeypatch.delattr(torch._C, "_host_emptyCache", raising=False)
+    assert release_pinned("cuda") is False

@@ -84,6 +84,7 @@ def test_vote_equals_brute_force(model, digits, reference):
     p, voted, nb = brute_force(model, x, 3, reference)
     np.testing.assert_allclose(out.probs, p, atol=1e-5)
     assert (out.neighbours == nb).mean() > 0.99  # ties in float32 cosines may reorder
+    assert out.neighbours.dtype == np.int32  # held to the end of a refine: half of int64
     np.testing.assert_allclose(out.voted, voted, atol=1e-3)
     assert out.reference == min(reference, len(x))
     assert out.summary() == NeighbourVoteSummary(3, out.reference, out.changed)

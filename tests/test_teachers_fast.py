@@ -8,8 +8,9 @@ from torch import nn
 
 from mrtf.io.hdf5 import ArraySource
 from mrtf.models import build_model
+from mrtf.refinery import teachers as teachers_mod
 from mrtf.refinery.fastpath import fast_forward, micro_batch, pool_before_relu
-from mrtf.refinery.teachers import resolve_stack, teacher_logits
+from mrtf.refinery.teachers import TeacherChunks, resolve_stack, teacher_logits
 
 KW = {"in_channels": 1, "image_size": 8}
 
@@ -123,3 +124,17 @@ def test_pool2x2_bit_exact(hw):
     assert torch.equal(Pool2x2()(x), want)  # NCHW: falls back
     got = Pool2x2()(x.contiguous(memory_format=torch.channels_last))
     assert torch.equal(got, want) and got.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_each_pass_releases_its_pinned_chunks(digits, teachers, monkeypatch):
+    """TeacherChunks hands the host cache back when a pass ends, and when it is left early
+    (the pinned chunks would otherwise stay resident for the rest of a refine on CUDA)."""
+    x, _ = digits
+    seen = []
+    monkeypatch.setattr(teachers_mod, "release_pinned", seen.append)
+    chunks = TeacherChunks(teachers[:2], ArraySource(x[:300]), batch_size=100,
+                           device="cpu")
+    assert len(list(chunks)) == 3 and seen == [torch.device("cpu")]
+    for _ in chunks:
+        break
+    assert seen == [torch.device("cpu")] * 2

@@ -80,8 +80,11 @@ def spherical_kmeans(x: torch.Tensor, k: int, iterations: int = 25, seed: int = 
         raise ValueError(f"k-means needs at least as many rows ({n}) as clusters ({k})")
     if n == k:  # faiss's corner case: the rows are the centroids, not renormalised
         return KMeansResult(x.clone(), [0.0], [0])
-    perm = torch.from_numpy(faiss_permutation(n, seed + 1)[:k]).to(x.device)
-    centroids = unit_rows(x[perm])
+    # the k rows stacked, not indexed, and the one-hot below a comparison, not one_hot:
+    # each CUDA kernel module loaded costs host memory, and the indexing and scatter ones
+    # are needed nowhere else (docs/gpu.md, "Host memory"); likewise ``all``, ``reciprocal``
+    centroids = unit_rows(torch.stack([x[int(i)] for i in faiss_permutation(n, seed + 1)[:k]]))
+    clusters = torch.arange(k, device=x.device)
     out = KMeansResult(centroids)
     for i in range(iterations):
         best = (x @ centroids.T).max(1)  # the first of tied centroids, as argmax
@@ -91,9 +94,10 @@ def spherical_kmeans(x: torch.Tensor, k: int, iterations: int = 25, seed: int = 
         out.objective.append(float(np.cumsum(best.values.cpu().numpy(), dtype=np.float32)[-1]))
         # sums and counts by a product with the one-hot assignments: deterministic on CUDA,
         # where index_add_ / bincount accumulate atomically (in any order)
-        member = torch.nn.functional.one_hot(assign, k).to(x.dtype)
+        member = (assign[:, None] == clusters).to(x.dtype)
         sums, counts = member.T @ x, member.sum(0)
-        centroids = sums * torch.where(counts > 0, 1.0 / counts.clamp_min(1), 0.0)[:, None]
+        inverse = torch.ones_like(counts) / counts.clamp_min(1)  # 1.0 / t: a reciprocal
+        centroids = sums * torch.where(counts > 0, inverse, 0.0)[:, None]
         centroids, splits = _split_empty(centroids, counts, n)
         out.splits.append(splits)
         centroids = unit_rows(centroids)
@@ -107,7 +111,7 @@ def _split_empty(centroids: torch.Tensor, counts: torch.Tensor, n: int
                  ) -> tuple[torch.Tensor, int]:
     """faiss's split_clusters: each empty cluster takes a copy of a cluster picked with
     probability (size - 1) / (n - k), both perturbed by ±1/1024 in alternate coordinates."""
-    if bool((counts > 0).all()):
+    if bool(counts.amin() > 0):
         return centroids, 0
     c = centroids.cpu().numpy().copy()  # k rows: the loop is faiss's, on the host
     size = counts.cpu().numpy().astype(np.float32)

@@ -21,9 +21,18 @@ BLOCK = 4096
 DB_BLOCK = 4096
 
 
+def row_norms(x: torch.Tensor) -> torch.Tensor:
+    """(n, 1) L2 norms of the rows, in x's dtype. On the CPU ``Tensor.norm``; elsewhere the
+    root of the summed squares: every kernel module CUDA loads stays in host memory, and the
+    vector norm's is one the refinery needs nowhere else (docs/gpu.md, "Host memory")."""
+    if x.device.type == "cpu":
+        return x.norm(dim=1, keepdim=True)
+    return torch.sqrt((x * x).sum(1, keepdim=True))
+
+
 def unit_rows(x: torch.Tensor) -> torch.Tensor:
     """Rows divided by their L2 norm + 1e-12 (cluster._normalise's formula, in x's dtype)."""
-    return x / (x.norm(dim=1, keepdim=True) + 1e-12)
+    return x / (row_norms(x) + 1e-12)
 
 
 def similarities(queries: torch.Tensor, database: torch.Tensor, metric: str = "ip"
@@ -38,13 +47,27 @@ def similarities(queries: torch.Tensor, database: torch.Tensor, metric: str = "i
     return sim
 
 
-def _exclude(sim: torch.Tensor, exclude: torch.Tensor | None, offset: int) -> None:
-    """-inf at each query's excluded database position (``exclude`` (n,), -1: none)."""
+def _exclude(sim: torch.Tensor, exclude: torch.Tensor | None, offset: int) -> torch.Tensor:
+    """``sim`` with -inf at each query's excluded database position (``exclude`` (n,), -1:
+    none): in place by index on the CPU; elsewhere by :func:`_excluded_by_mask`, the same
+    values without the indexing kernels, whose CUDA module is among the largest a refine
+    would load (docs/gpu.md, "Host memory")."""
     if exclude is None:
-        return
-    pos = exclude - offset
+        return sim
+    if sim.device.type == "cpu":
+        _exclude_by_index(sim, exclude - offset)
+        return sim
+    return _excluded_by_mask(sim, exclude - offset)
+
+
+def _exclude_by_index(sim: torch.Tensor, pos: torch.Tensor) -> None:
     hit = torch.nonzero((pos >= 0) & (pos < sim.shape[1])).flatten()
     sim[hit, pos[hit]] = -float("inf")
+
+
+def _excluded_by_mask(sim: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    cols = torch.arange(sim.shape[1], device=sim.device)
+    return torch.where(pos[:, None] == cols[None, :], -float("inf"), sim)
 
 
 def topk_block(queries: torch.Tensor, database: torch.Tensor, k: int, metric: str = "ip",
@@ -56,7 +79,7 @@ def topk_block(queries: torch.Tensor, database: torch.Tensor, k: int, metric: st
     best_i: torch.Tensor | None = None
     for s in range(0, len(database), db_block):
         sim = similarities(queries, database[s:s + db_block], metric)
-        _exclude(sim, exclude, s)
+        sim = _exclude(sim, exclude, s)
         top = sim.topk(min(k, sim.shape[1]), dim=1)
         idx = top.indices + s
         if best_s is None:

@@ -77,6 +77,8 @@ def teacher_stds(logits, rows: int, device: torch.device) -> np.ndarray:
     mean = sums / (m * c)
     sq = torch.zeros(k, dtype=torch.float64, device=device)
     for s in range(0, m, rows):
-        sq += torch.square(on_device(logits[:, s:s + rows], device)
-                           - mean[:, None, None]).sum((1, 2))
+        # d * d, not torch.square: the same products (pow by 2 is a product), without the
+        # power kernels' CUDA module (docs/gpu.md, "Host memory")
+        d = on_device(logits[:, s:s + rows], device) - mean[:, None, None]
+        sq += (d * d).sum((1, 2))
     return torch.sqrt(sq / (m * c)).cpu().numpy()

@@ -74,7 +74,7 @@ class NeighbourVoteSummary:
 @dataclass
 class NeighbourVote:
     """probs (M, C) float32: the refined model's own softmax. voted (M, C) float32: p̃, the
-    labels' probabilities. neighbours (M, k) int64: each row's neighbours (source rows).
+    labels' probabilities. neighbours (M, k) int32: each row's neighbours (source rows).
     reference: how many rows were searched. changed: labels the vote changed."""
 
     probs: np.ndarray
@@ -139,7 +139,9 @@ def predict_with_vote(model: nn.Module, source, k: int = NEIGHBOURS,
                                    device, stack)).to(dev)
     probs: np.ndarray | None = None
     feats: np.ndarray | None = None  # only when the reference is the whole target (m ≤ R)
-    neighbours = np.empty((m, max(k, 0)), dtype=np.int64)
+    # int32 as the target's own neighbourhoods (trust/neighbours.py): held to the end of the
+    # refine, half of int64's bytes, and the same rows
+    neighbours = np.empty((m, max(k, 0)), dtype=np.int32 if m < 2**31 else np.int64)
     for start, lg, h in TeacherChunks([model], source, batch_size, device, model, stack):
         if probs is None:
             probs = np.empty((m, lg.shape[-1]), dtype=np.float32)

@@ -315,4 +315,4 @@ def _optimizer(params: list[torch.Tensor], cfg: ShotSettings) -> torch.optim.Opt
     """Adam at ``cfg.lr`` (the project's), or SHOT's SGD (its lr set step by step)."""
     if cfg.optimizer == "sgd":
         return shot_sgd(params, cfg.lr)
-    return torch.optim.Adam(params, lr=cfg.lr)
+    return torch.optim.Adam(params, lr=cfg.lr, foreach=False)  # as distill.py's, and why

@@ -13,9 +13,8 @@ over its models. Memory is the (K, M, C) output plus one chunk (and stacked.py's
 most 32 MiB of a chunk, or with oneDNN of one chunk, kept per thread): it does not
 otherwise grow with M. :class:`TeacherChunks` yields the same outputs chunk by chunk (the
 refinery's data pass, teach.py, writes them to its storage), reading the next chunk in a thread
-meanwhile. On a loaded 2-core machine run it with 1 thread: with 2 OpenMP threads beside other
-jobs the fast path's many small parallel regions ran 5-14x slower (113-376 against 1,270-1,590
-samples/s for 12 LeNets, load 8-10).
+meanwhile. On a loaded 2-core machine run it with 1 thread: the fast path's many small
+parallel regions ran far slower with 2 (docs/benchmarks/scale.md).
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ import tqdm
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
-from mrtf.device import pick_device
+from mrtf.device import pick_device, release_pinned
 from mrtf.errors import InputError
 from mrtf.refinery.fastpath import PRECISIONS, fast_features, fast_forward
 from mrtf.refinery.grouped import grouped_forward
@@ -44,12 +43,10 @@ from mrtf.trust.selection import select
 STD_MODES = ("global", "batch")
 STACK_MODES = ("auto", "fast", "grouped", "vmap", "nhwc", "loop")
 #: rows per chunk on CUDA at least: at the CPU's 1,024 a 1M-row pass was ~1,000 chunks of
-#: small kernels and per-chunk copies (issue 36's first H100 run: teachers 13.3 s)
+#: small kernels and per-chunk copies (docs/benchmarks/gpu.md)
 CUDA_ROWS = 8192
 # LeNet groups of at least this many take stacked.py (fp32): its oneDNN engine beat fastpath.py
-# from K = 2 on (512 images, load ~3: K = 1 0.74x, 2 1.08x, 5 1.5x, 10 1.85x, 16-25 1.75x);
-# at K = 10, 2,048 images, idle: 7.91x the loop against fastpath.py's 4.85x
-# (bench/results/teacher_compare-K10.json). Its older GEMM engine needed 16.
+# from K = 2 on (bench/results/teacher_compare-K10.json; its older GEMM engine needed 16)
 STACKED_MIN = 2
 
 
@@ -222,8 +219,11 @@ class TeacherChunks:
         self.agreement: tuple[float, int] | None = None  # bf16: vs fp32 on the first chunk
 
     def __iter__(self):
-        with lent([*self.models, self.features_of], self.dev):
-            yield from self._chunks()
+        try:  # finally: this pass's pinned chunks go back, whether it ended or was left early
+            with lent([*self.models, self.features_of], self.dev):
+                yield from self._chunks()
+        finally:
+            release_pinned(self.dev)
 
     def _chunks(self):
         forwards = None

@@ -78,8 +78,9 @@ class SourceStats:
         if not self.class_bias:
             return
         self.total += q.sum(1, dtype=torch.float64).cpu().numpy()
-        # a one-hot sum, not bincount: deterministic on CUDA under reproducible_cuda
-        hot = torch.nn.functional.one_hot(q.argmax(2), q.shape[2])
+        # a one-hot sum, not bincount: deterministic on CUDA under reproducible_cuda; the
+        # one-hot by a comparison (no scatter kernels to load: docs/gpu.md, "Host memory")
+        hot = q.argmax(2)[..., None] == torch.arange(q.shape[2], device=q.device)
         self.counts += hot.sum(1).cpu().numpy()
 
 
@@ -218,8 +219,8 @@ class BlockViews:
             self._moved[device] = _views_to(self, torch.device(device))
         out = list(self._moved[device])
         if self.assign is not None:
-            hot = torch.nn.functional.one_hot(torch.from_numpy(self.assign).to(device),
-                                              self.clusters)
+            assign = torch.from_numpy(self.assign).to(device)  # one-hot as in SourceStats
+            hot = assign[:, None] == torch.arange(self.clusters, device=device)
             out.append(hot.to(torch.float64))
         return out
 
@@ -340,11 +341,14 @@ def _debiased_on(block: np.ndarray, live: Sequence[int], strength: float, mean: 
     """debias.debias of the live sources of a block (n, S, C) on ``device``: the same
     float64 quotients (the divisor made on the host, as debias makes it), float32 out."""
     t = torch.from_numpy(np.ascontiguousarray(block)).to(device)
-    rows = torch.as_tensor(list(live), device=device)
-    den = np.maximum(np.asarray(mean[list(live)], np.float64), 1e-8) ** strength
-    r = t[:, rows].to(torch.float64) / torch.from_numpy(den).to(device)
-    t[:, rows] = (r / r.sum(2, keepdim=True)).to(torch.float32)
-    return t.cpu().numpy()
+    # every source divided (the dead ones by 1) and the live ones' rows kept by a mask, not
+    # written by index: CUDA's indexing kernels cost host memory (docs/gpu.md, "Host memory")
+    den = np.ones((t.shape[1], t.shape[2]), np.float64)
+    den[list(live)] = np.maximum(np.asarray(mean[list(live)], np.float64), 1e-8) ** strength
+    r = t.to(torch.float64) / torch.from_numpy(den).to(device)
+    is_live = torch.from_numpy(np.isin(np.arange(t.shape[1]), list(live))).to(device)
+    out = torch.where(is_live[None, :, None], (r / r.sum(2, keepdim=True)).to(torch.float32), t)
+    return out.cpu().numpy()
 
 
 def debias_spill(probs, stats: SourceStats, live: Sequence[int]) -> float:

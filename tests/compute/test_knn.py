@@ -64,3 +64,31 @@ def test_nearest_block_is_the_first_neighbour():
     np.testing.assert_array_equal(best.numpy(), (q @ db.T).argmax(1).numpy())
     with pytest.raises(ValueError, match="metric"):
         knn_mod.similarities(q, db, "cosine")
+
+
+def test_exclusion_by_mask_equals_exclusion_by_index():
+    """The CUDA path's exclusion (a comparison with the column numbers, no indexing kernels)
+    puts -inf exactly where the CPU's indexed write does, positions outside the block and -1
+    included."""
+    sim = torch.from_numpy(_data(40, 16, 4).astype(np.float64))
+    pos = torch.from_numpy(np.random.default_rng(5).integers(-20, 36, 40))
+    by_index = sim.clone()
+    knn_mod._exclude_by_index(by_index, pos)
+    by_mask = knn_mod._excluded_by_mask(sim, pos)
+    assert torch.equal(by_mask, by_index)
+    assert int(torch.isinf(by_mask).sum()) == int(((pos >= 0) & (pos < 16)).sum()) > 0
+
+
+def test_row_norms_off_the_cpu_are_the_summed_squares_root(monkeypatch):
+    """Off the CPU the norms are sqrt(Σ x²) (no vector-norm kernel): within float rounding
+    of Tensor.norm; shown on CPU tensors by taking that branch."""
+    x = torch.from_numpy(_data(50, 12, 6))
+    want = x.norm(dim=1, keepdim=True)
+
+    class Elsewhere(torch.Tensor):  # a CPU tensor whose device reads as CUDA
+        @property
+        def device(self):
+            return torch.device("cuda")
+
+    got = knn_mod.row_norms(x.as_subclass(Elsewhere)).as_subclass(torch.Tensor)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
