@@ -108,6 +108,15 @@ s.sort_stats('tottime').print_stats(40)" > "$OUT/profile.txt" 2>&1 \
       budget=$(left); [ "$budget" -lt 60 ] && budget=60
       workers=()
       python3 -c "import xdist" 2>/dev/null && workers=(-n "${WORKERS:-8}" --dist loadfile)
+      # MNIST-M (21 MB) does not fit in the carry beside the wheels: its three data tests
+      # (CPU-only reads, run by CI) are left out by name rather than failing on the file
+      if [ ! -e ../shared/data/mnist_m/mnist_m_test.npz ]; then
+        std=tests/data/test_standard.py
+        workers+=(--deselect "$std::test_splits_shapes_and_class_counts[mnistm-test]"
+                  --deselect "$std::test_mnistm_labels_are_the_first_mnist_test_labels"
+                  --deselect "$std::test_mnist_to_mnistm_form_and_luminance")
+        echo "MNIST-M not here: its 3 tests in $std deselected"
+      fi
       # pyproject's addopts give -q; -v -v on top names every test as it ends, so a run cut
       # at its budget still names its failures (the summary comes only at the end)
       timeout "$budget" python3 -m pytest -p no:cacheprovider -v -v -rfE --durations=15 \

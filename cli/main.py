@@ -15,6 +15,7 @@ from mrtf.cli.refine import refine_cmd
 from mrtf.cli.report import report
 from mrtf.cli.score import score
 from mrtf.cli.simulate import simulate
+from mrtf.host_memory import limit_malloc_arenas
 
 
 @click.group(cls=MrtfGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -28,6 +29,7 @@ for command in (simulate, refine_cmd, label, score, inspect, convert, demo, repo
 
 
 def main() -> None:
+    limit_malloc_arenas()  # before any work starts the threads (mrtf/host_memory.py)
     cli(prog_name="mrtf")
 
 

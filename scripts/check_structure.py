@@ -53,7 +53,8 @@ DUMMY = re.compile(r"^(_+|(_+[a-zA-Z0-9_]*[a-zA-Z0-9]+?))$")
 #: package root ``mrtf`` holds the version and the public names, loaded on first use; it
 #: imports nothing at run time, so it sits at the bottom.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("mrtf", "mrtf.errors", "mrtf.device", "mrtf.progress", "mrtf.schedule")),
+    ("base", ("mrtf", "mrtf.errors", "mrtf.device", "mrtf.host_memory", "mrtf.progress",
+              "mrtf.schedule")),
     ("inputs", ("mrtf.io", "mrtf.models", "mrtf.data", "mrtf.scoring", "mrtf.averaging",
                 "mrtf.compute")),
     ("methods", ("mrtf.refinery", "mrtf.trust", "mrtf.datafree")),
