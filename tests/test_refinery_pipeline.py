@@ -402,3 +402,31 @@ def test_distill_from_hdf5_equals_in_memory(tmp_path):
                 targets, steps=15, batch_size=32, seed=3)
     for key, value in a.state_dict().items():
         assert torch.equal(value, b.state_dict()[key])
+
+
+@pytest.mark.parametrize("stream", ["off", "on"])
+def test_the_consensus_posterior_is_freed_before_the_calibration(demo, monkeypatch, stream):
+    """The report reads the consensus' (M, C) float64 posterior once, for its view of the
+    labels, and lets it go before the calibration's arrays: a refine on CUDA peaks there."""
+    import gc
+    import weakref
+
+    from mrtf.refinery import report as report_mod
+
+    seen = {}
+    real_view, real_calibrated = report_mod.consensus_view, report_mod.calibrated
+
+    def view(adaptive, probs, before):
+        seen["posterior"] = weakref.ref(adaptive.consensus.posterior)
+        return real_view(adaptive, probs, before)
+
+    def calibrated(*args, **kwargs):
+        gc.collect()
+        seen["alive"] = seen["posterior"]() is not None
+        return real_calibrated(*args, **kwargs)
+
+    monkeypatch.setattr(report_mod, "consensus_view", view)
+    monkeypatch.setattr(report_mod, "calibrated", calibrated)
+    r = refine(demo["received"], ArraySource(demo["x"]), _cfg(stream=stream))
+    assert seen["alive"] is False
+    assert r.accuracy.consensus_view is not None and r.consensus is not None

@@ -5,6 +5,7 @@ account (result.py)."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -41,6 +42,10 @@ def report(state: RefineState) -> RefineResult:
                                   config.inference_batch, state.dev, config.stack)
     timings["predict"] = time.perf_counter() - t0
     view = None if state.adaptive is None else consensus_view(state.adaptive, probs, before)
+    if state.adaptive is not None:
+        # its (M, C) float64 posterior is read no more (the account reads the sources): freed
+        # before the calibration's arrays, where a refine on CUDA peaks (docs/gpu.md)
+        state.adaptive = replace(state.adaptive, consensus=None)
     t0 = time.perf_counter()
     adapted = state.branch is not None and state.branch.adapts
     cal, accuracy = calibrated(probs, before, state.signals, view, state.dev, adapted)
