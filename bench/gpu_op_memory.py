@@ -26,9 +26,8 @@ from pathlib import Path
 
 import torch
 from rss_timeline import read_status  # bench/ is this script's directory
+from stage_memory import STAGES, status
 from torch.utils._python_dispatch import TorchDispatchMode
-
-STAGES = ("teach", "gather_evidence", "make_targets", "fit", "report")
 
 
 class FirstCalls(TorchDispatchMode):
@@ -76,9 +75,7 @@ def main() -> None:
         def run(*args, **kwargs):
             mode.stage = name
             result = fn(*args, **kwargs)
-            st = read_status(os.getpid())
-            ends.append({"stage": name, "s": round(time.perf_counter() - t0, 2),
-                         **{k: round(v, 1) for k, v in st.items()}})
+            ends.append({"stage": name, "s": round(time.perf_counter() - t0, 2), **status()})
             mode.stage = f"after {name}"
             return result
         return run

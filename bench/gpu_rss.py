@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 
@@ -47,15 +46,9 @@ def run_variant(root: Path, m: int, k: int, threads: int, name: str) -> dict:
     h5 = tiled_h5(root / f"mnist5k-tiled-{m}.h5", m)
     parties = received_parties(root, k)
     out = root / f"out-rss-M{m}-{name}"
-    extra = {"OMP_NUM_THREADS": str(threads), **VARIANTS[name]}
-    saved = {n: os.environ.get(n) for n in ("SCALE_STAGES", "SCALE_TRIM")}
-    os.environ["SCALE_STAGES"] = "1"  # refine_once reads these two from its own environment
-    os.environ["SCALE_TRIM"] = extra.pop("SCALE_TRIM", "0")
-    try:
-        summary, wall = refine_once(parties, h5, out, "adaptive", extra)
-    finally:
-        for n, v in saved.items():
-            os.environ.pop(n, None) if v is None else os.environ.__setitem__(n, v)
+    extra = {"OMP_NUM_THREADS": str(threads), "SCALE_STAGES": "1", "SCALE_TRIM": "0",
+             **VARIANTS[name]}
+    summary, wall = refine_once(parties, h5, out, "adaptive", extra)
     labels = read_labels(out / "labels.h5").labels
     for p in out.iterdir():
         p.unlink()

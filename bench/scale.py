@@ -290,14 +290,16 @@ def refine_once(parties: Path, h5: Path, out: Path, method: str, env: dict[str, 
     run = [sys.executable, "-m", "cProfile", "-o", prof, shutil.which("mrtf") or "mrtf"] \
         if prof else ["mrtf"]
     stages = out.parent / f".stages-{out.name}.json"
-    if os.environ.get("SCALE_STAGES") == "1" or os.environ.get("SCALE_TRIM") == "1":
+    child = {**os.environ, **env}  # SCALE_STAGES / SCALE_TRIM from either
+    trim = child.get("SCALE_TRIM") == "1"
+    if child.get("SCALE_STAGES") == "1" or trim:
         # stage_memory.py: the memory at each stage's end (and malloc_trim there, SCALE_TRIM)
         run = [sys.executable, str(Path(__file__).with_name("stage_memory.py")), str(stages),
-               *(["--trim"] if os.environ.get("SCALE_TRIM") == "1" else []), "--"]
+               *(["--trim"] if trim else []), "--"]
     cmd = [*run, "refine", str(parties), "--data", str(h5), "--labels",
            str(out / "labels.h5"), "--model", str(out / "refined.safetensors"), "--method",
            method, "--stream", "on", "--force", "--json", "--quiet"]
-    proc = run_sampled(cmd, {**os.environ, **env})
+    proc = run_sampled(cmd, child)
     if proc.returncode:  # its own error, not only "exit status 1"
         sys.stderr.write(proc.stderr[-4000:])
         raise subprocess.CalledProcessError(proc.returncode, cmd)
@@ -305,7 +307,7 @@ def refine_once(parties: Path, h5: Path, out: Path, method: str, env: dict[str, 
     # what the peak was made of, and when (rss_timeline.py): the GPU path's peak RSS
     summary["memory"] = {"peak": proc.peak, "timeline": proc.timeline,
                          "stages": json.loads(stages.read_text()) if stages.exists() else None,
-                         "trim": os.environ.get("SCALE_TRIM") == "1"}
+                         "trim": trim}
     stages.unlink(missing_ok=True)
     return summary, proc.wall_s
 

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from mrtf.compute.knn import unit_rows
+from mrtf.compute.lean_ops import one_hot
 
 #: faiss's split perturbation: "a bit above machine epsilon for float16"
 _SPLIT_EPS = 1 / 1024.0
@@ -80,11 +81,9 @@ def spherical_kmeans(x: torch.Tensor, k: int, iterations: int = 25, seed: int = 
         raise ValueError(f"k-means needs at least as many rows ({n}) as clusters ({k})")
     if n == k:  # faiss's corner case: the rows are the centroids, not renormalised
         return KMeansResult(x.clone(), [0.0], [0])
-    # the k rows stacked, not indexed, and the one-hot below a comparison, not one_hot:
-    # each CUDA kernel module loaded costs host memory, and the indexing and scatter ones
-    # are needed nowhere else (docs/gpu.md, "Host memory"); likewise ``all``, ``reciprocal``
+    # the k rows stacked, not indexed: CUDA's indexing kernels cost host memory
+    # (compute/lean_ops.py); so do ``all`` and ``reciprocal`` below
     centroids = unit_rows(torch.stack([x[int(i)] for i in faiss_permutation(n, seed + 1)[:k]]))
-    clusters = torch.arange(k, device=x.device)
     out = KMeansResult(centroids)
     for i in range(iterations):
         best = (x @ centroids.T).max(1)  # the first of tied centroids, as argmax
@@ -94,7 +93,7 @@ def spherical_kmeans(x: torch.Tensor, k: int, iterations: int = 25, seed: int = 
         out.objective.append(float(np.cumsum(best.values.cpu().numpy(), dtype=np.float32)[-1]))
         # sums and counts by a product with the one-hot assignments: deterministic on CUDA,
         # where index_add_ / bincount accumulate atomically (in any order)
-        member = (assign[:, None] == clusters).to(x.dtype)
+        member = one_hot(assign, k).to(x.dtype)
         sums, counts = member.T @ x, member.sum(0)
         inverse = torch.ones_like(counts) / counts.clamp_min(1)  # 1.0 / t: a reciprocal
         centroids = sums * torch.where(counts > 0, inverse, 0.0)[:, None]

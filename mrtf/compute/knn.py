@@ -14,20 +14,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from mrtf.compute.lean_ops import row_norms
+
 METRICS = ("ip", "l2")
 #: query rows per product
 BLOCK = 4096
 #: database rows per product
 DB_BLOCK = 4096
-
-
-def row_norms(x: torch.Tensor) -> torch.Tensor:
-    """(n, 1) L2 norms of the rows, in x's dtype. On the CPU ``Tensor.norm``; elsewhere the
-    root of the summed squares: every kernel module CUDA loads stays in host memory, and the
-    vector norm's is one the refinery needs nowhere else (docs/gpu.md, "Host memory")."""
-    if x.device.type == "cpu":
-        return x.norm(dim=1, keepdim=True)
-    return torch.sqrt((x * x).sum(1, keepdim=True))
 
 
 def unit_rows(x: torch.Tensor) -> torch.Tensor:

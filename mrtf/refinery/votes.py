@@ -23,6 +23,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from mrtf.compute import lean_ops
 from mrtf.device import off_cpu
 from mrtf.refinery.cluster import _one_blas_thread, one_hot
 from mrtf.refinery.consensus import (
@@ -78,9 +79,8 @@ class SourceStats:
         if not self.class_bias:
             return
         self.total += q.sum(1, dtype=torch.float64).cpu().numpy()
-        # a one-hot sum, not bincount: deterministic on CUDA under reproducible_cuda; the
-        # one-hot by a comparison (no scatter kernels to load: docs/gpu.md, "Host memory")
-        hot = q.argmax(2)[..., None] == torch.arange(q.shape[2], device=q.device)
+        # a one-hot sum, not bincount: deterministic on CUDA under reproducible_cuda
+        hot = lean_ops.one_hot(q.argmax(2), q.shape[2])
         self.counts += hot.sum(1).cpu().numpy()
 
 
@@ -219,8 +219,7 @@ class BlockViews:
             self._moved[device] = _views_to(self, torch.device(device))
         out = list(self._moved[device])
         if self.assign is not None:
-            assign = torch.from_numpy(self.assign).to(device)  # one-hot as in SourceStats
-            hot = assign[:, None] == torch.arange(self.clusters, device=device)
+            hot = lean_ops.one_hot(torch.from_numpy(self.assign).to(device), self.clusters)
             out.append(hot.to(torch.float64))
         return out
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from mrtf.compute.lean_ops import one_hot
 from mrtf.compute.softmax_rows import on_device, softmax64
 
 
@@ -24,7 +25,6 @@ def tallies_torch(local_logits, k: int, block: int, device: torch.device
     mean = torch.zeros((m, c), dtype=torch.float32, device=device)
     conf_sum = torch.zeros(k, dtype=torch.float64, device=device)
     same = torch.zeros((k, k), dtype=torch.float64, device=device)
-    classes = torch.arange(c, device=device)[None, :]
     for s in range(0, m, block):
         p = softmax64(on_device(local_logits[:k, s:s + block], device))  # (k, n, C)
         n = p.shape[1]
@@ -32,9 +32,9 @@ def tallies_torch(local_logits, k: int, block: int, device: torch.device
         acc = torch.zeros((n, c), dtype=torch.float64, device=device)
         for i in range(k):
             # one-hot rows added with weight 1/k: numpy's votes[rows, pick] += 1/k to the
-            # bit (v + 1·w at the pick, v + 0·w elsewhere), without CUDA's indexing kernels
-            # (docs/gpu.md, "Host memory")
-            votes[s:s + n].add_((picks[i][:, None] == classes).to(torch.float32), alpha=1.0 / k)
+            # bit (v + 1·w at the pick, v + 0·w elsewhere), without indexing kernels
+            # (compute/lean_ops.py)
+            votes[s:s + n].add_(one_hot(picks[i], c).to(torch.float32), alpha=1.0 / k)
             acc += p[i] / k
         conf_sum += p.amax(2).sum(1)
         mean[s:s + n] = acc

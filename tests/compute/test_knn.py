@@ -78,17 +78,3 @@ def test_exclusion_by_mask_equals_exclusion_by_index():
     assert torch.equal(by_mask, by_index)
     assert int(torch.isinf(by_mask).sum()) == int(((pos >= 0) & (pos < 16)).sum()) > 0
 
-
-def test_row_norms_off_the_cpu_are_the_summed_squares_root(monkeypatch):
-    """Off the CPU the norms are sqrt(Σ x²) (no vector-norm kernel): within float rounding
-    of Tensor.norm; shown on CPU tensors by taking that branch."""
-    x = torch.from_numpy(_data(50, 12, 6))
-    want = x.norm(dim=1, keepdim=True)
-
-    class Elsewhere(torch.Tensor):  # a CPU tensor whose device reads as CUDA
-        @property
-        def device(self):
-            return torch.device("cuda")
-
-    got = knn_mod.row_norms(x.as_subclass(Elsewhere)).as_subclass(torch.Tensor)
-    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
