@@ -24,6 +24,7 @@ from mrtf.models import has_batchnorm
 from mrtf.refinery.augment import Jitter, applies, jitter
 from mrtf.refinery.placement import kept_home
 from mrtf.refinery.variants import VARIANTS
+from mrtf.schedule import FOREACH, adam
 
 #: the distillation's default schedule: optimiser steps, and target rows per step (the
 #: refinery's, the simulator's refinery methods' and the Flower config's defaults read these)
@@ -117,10 +118,7 @@ def distill(student: nn.Module, source, targets: np.ndarray, run: DistillRun | N
     with kept_home(student):
         cfg = DistillSettings.for_variant(run.variant, run.lr)
         student = student.to(dev).train()
-        # one tensor at a time, as on the CPU: the multi-tensor (foreach) kernels' CUDA modules
-        # cost host memory that a LeNet's few tensors do not repay (docs/gpu.md, "Host memory")
-        opt = torch.optim.Adam(student.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
-                               foreach=False)
+        opt = adam(student.parameters(), cfg.lr, cfg.weight_decay)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps, eta_min=0.0) \
             if cfg.cosine and steps > 0 else None
         gen = torch.Generator().manual_seed(seed)
@@ -147,7 +145,7 @@ def distill(student: nn.Module, source, targets: np.ndarray, run: DistillRun | N
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.clip:
-                nn.utils.clip_grad_norm_(student.parameters(), cfg.clip, foreach=False)
+                nn.utils.clip_grad_norm_(student.parameters(), cfg.clip, foreach=FOREACH)
             opt.step()
             if sched is not None:
                 sched.step()

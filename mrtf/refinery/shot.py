@@ -28,7 +28,7 @@ from mrtf.errors import FusionError, InputError
 from mrtf.models import has_batchnorm
 from mrtf.refinery.cluster import prototypes
 from mrtf.refinery.distill import _batches, gather_rows
-from mrtf.schedule import anneal, epoch_steps, shot_sgd
+from mrtf.schedule import adam, anneal, epoch_steps, shot_sgd
 
 _EPS = 1e-5  # inside log(mean prediction), as SHOT's code: finite when a class mean is 0
 _CHUNK = 1024  # rows per inference chunk of the pseudo-label pass
@@ -315,4 +315,4 @@ def _optimizer(params: list[torch.Tensor], cfg: ShotSettings) -> torch.optim.Opt
     """Adam at ``cfg.lr`` (the project's), or SHOT's SGD (its lr set step by step)."""
     if cfg.optimizer == "sgd":
         return shot_sgd(params, cfg.lr)
-    return torch.optim.Adam(params, lr=cfg.lr, foreach=False)  # as distill.py's, and why
+    return adam(params, cfg.lr)
