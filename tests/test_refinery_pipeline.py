@@ -430,3 +430,91 @@ def test_the_consensus_posterior_is_freed_before_the_calibration(demo, monkeypat
     r = refine(demo["received"], ArraySource(demo["x"]), _cfg(stream=stream))
     assert seen["alive"] is False
     assert r.accuracy.consensus_view is not None and r.consensus is not None
+
+
+def test_the_votes_student_is_adapted_when_asked(demo, monkeypatch):
+    """Option adapt_vote (AdaptiveSettings): where step 5 votes (several parties, a familiar
+    target), the vote's student, distilled as the default distils it, is then adapted with
+    SHOT and settled (fit.adapt_student, the same seed); the labels are that model's vote,
+    read as adapted labels are. The spread guard is lowered here (these three two-class
+    parties' adaptation merges classes: the next test)."""
+    import mrtf.refinery.branch_choice as branch_choice
+    from mrtf.refinery.fit import adapt_student
+    from mrtf.refinery.methods.adaptive import AdaptiveSettings
+
+    monkeypatch.setattr(branch_choice, "MAX_SPREAD_LOSS", 1.0)
+    x, received = demo["x"], _claiming(demo["received"], 5.0)
+    default = refine(received, ArraySource(x), _cfg(trust=False))
+    asked = _cfg(trust=False, method_options=AdaptiveSettings(adapt_vote=True))
+    r = refine(received, ArraySource(x), asked)
+    assert (default.branch.chosen, default.branch.by) == ("vote", "vote")
+    assert (r.branch.chosen, r.branch.by) == ("adapt", "vote, then adapted")
+    assert "then its student adapted" in r.branch.line() and r.branch.spreads is not None
+    expected = adapt_student(copy.deepcopy(default.model), ArraySource(x), asked, "cpu")
+    np.testing.assert_allclose(predict_probs(r.model, ArraySource(x), 256),
+                               predict_probs(expected, ArraySource(x), 256), atol=1e-6)
+    probs, _ = final_probs(expected, ArraySource(x), asked.vote_k, 256)
+    np.testing.assert_allclose(r.probs, probs, atol=1e-6)
+    assert not np.array_equal(r.probs.argmax(1), default.probs.argmax(1))
+    # read as adapted labels and as the vote's, the ± spanning both and the vote's own
+    # interval (the default's, printed for the same vote before SHOT)
+    assert "the ± spans all three" in r.calibration.notes[-1]
+    assert any("adapted to the target" in note for note in r.calibration.notes)
+    lo, hi = r.accuracy.refined - r.accuracy.plus_minus, r.accuracy.refined + r.accuracy.plus_minus
+    assert lo <= default.accuracy.refined - default.accuracy.plus_minus + 1e-6
+    assert hi >= default.accuracy.refined + default.accuracy.plus_minus - 1e-6
+
+
+def test_an_adapted_vote_that_merges_classes_gives_way_to_the_vote(demo):
+    """The same, the default spread guard: the adapted labels spread less than the
+    consensus by more than MAX_SPREAD_LOSS, so the vote's student as distilled is kept."""
+    from mrtf.refinery.methods.adaptive import AdaptiveSettings
+
+    x, received = demo["x"], _claiming(demo["received"], 5.0)
+    default = refine(received, ArraySource(x), _cfg(trust=False))
+    r = refine(received, ArraySource(x),
+               _cfg(trust=False, method_options=AdaptiveSettings(adapt_vote=True)))
+    assert (r.branch.chosen, r.branch.by) == ("vote", "collapsed adaptation")
+    np.testing.assert_array_equal(r.probs, default.probs)
+    assert r.accuracy.refined == default.accuracy.refined
+
+
+def test_adapt_vote_leaves_the_adapt_branch_as_it_is(demo, monkeypatch):
+    """The option acts on the vote only: where the target reads as new, the adapt branch runs
+    as without it."""
+    import mrtf.refinery.branch_choice as branch_choice
+    from mrtf.refinery.methods.adaptive import AdaptiveSettings
+
+    monkeypatch.setattr(branch_choice, "MIN_START_DIVERSITY", 0.0)
+    monkeypatch.setattr(branch_choice, "MAX_SPREAD_LOSS", 1.0)
+    x, new = demo["x"], _claiming(demo["received"], 0.0)
+    default = refine(new, ArraySource(x), _cfg(trust=False))
+    r = refine(new, ArraySource(x),
+               _cfg(trust=False, method_options=AdaptiveSettings(adapt_vote=True)))
+    assert (r.branch.chosen, r.branch.by) == (default.branch.chosen, default.branch.by) == \
+        ("adapt", "novelty")
+    np.testing.assert_array_equal(r.probs, default.probs)
+
+
+def test_adapt_vote_adapts_the_vote_where_thetas_adaptation_merged_classes(demo, monkeypatch):
+    """Where θ_{t+1} was the only start and its adaptation merged classes, the vote is
+    distilled; the option then adapts that vote's student as a second start. The first
+    spread check is made to fail here, the second to pass."""
+    import mrtf.refinery.branch_choice as branch_choice
+    import mrtf.refinery.methods.adaptive as adaptive
+    from mrtf.refinery.methods.adaptive import AdaptiveSettings
+
+    checks = []
+
+    def first_collapses(branch, adapted, consensus):
+        checks.append(branch.by)
+        loss = -1.0 if len(checks) == 1 else 1.0  # MAX_SPREAD_LOSS: fail, then pass
+        monkeypatch.setattr(branch_choice, "MAX_SPREAD_LOSS", loss)
+        return branch_choice.collapsed_adaptation(branch, adapted, consensus)
+
+    monkeypatch.setattr(branch_choice, "MIN_START_DIVERSITY", 0.0)
+    monkeypatch.setattr(adaptive, "collapsed_adaptation", first_collapses)
+    r = refine(_claiming(demo["received"], 0.0), ArraySource(demo["x"]),
+               _cfg(trust=False, method_options=AdaptiveSettings(adapt_vote=True)))
+    assert checks == ["novelty", "vote, then adapted"]
+    assert (r.branch.chosen, r.branch.by) == ("adapt", "vote, then adapted")

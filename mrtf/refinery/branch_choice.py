@@ -46,7 +46,10 @@ from mrtf.refinery.adapt_start import StartChoice
 from mrtf.refinery.debias import label_diversity
 from mrtf.refinery.novelty import Novelty
 
-REASONS = ("novelty", "one party", "vote", "collapsed start", "collapsed adaptation")
+#: the reason of labels from the vote's student adapted (:func:`adapted_vote`)
+VOTE_THEN_ADAPTED = "vote, then adapted"
+REASONS = ("novelty", "one party", "vote", "collapsed start", "collapsed adaptation",
+           VOTE_THEN_ADAPTED)
 #: the entropy of θ_{t+1}'s label histogram, as a share of ln C, under which it is no start
 #: for SHOT (module docstring): adapted sets of the label-quality grid and the fresh sets
 #: 0.57-0.99, the collapsed averages above 0.00-0.32 (chosen between them, in-sample)
@@ -95,7 +98,10 @@ class BranchChoice:
                    "adapted, the labels' spread fell to "
                    f"{(self.spreads or (0.0, 0.0))[0]:.2f} of an even one's against the "
                    f"parties' consensus' {(self.spreads or (0.0, 0.0))[1]:.2f}: SHOT merged "
-                   "classes, and the vote was distilled instead")}[self.by]
+                   "classes, and the vote was distilled instead"),
+               VOTE_THEN_ADAPTED: (
+                   "the parties' vote was distilled, then its student adapted to the target "
+                   "with SHOT and settled (option adapt_vote)")}[self.by]
         start = "" if self.start is None else f"; {self.start.line()}"
         return f"vote or adapt: {self.chosen} ({why}){start}"
 
@@ -120,6 +126,12 @@ def choose_branch(novelty: Novelty | None, num_local: int,
     if start_diversity is not None and start_diversity < MIN_START_DIVERSITY:
         return BranchChoice("vote", "collapsed start", start_diversity=start_diversity)
     return BranchChoice("adapt", by, start_diversity=start_diversity)
+
+
+def adapted_vote(branch: BranchChoice) -> BranchChoice:
+    """``branch`` (a vote) followed by the vote's student adapted: the labels come from an
+    adapted model, read as adapted labels are (mrtf.trust.midpoint_estimate)."""
+    return BranchChoice("adapt", VOTE_THEN_ADAPTED, None, branch.start_diversity)
 
 
 def collapsed_adaptation(branch: BranchChoice, adapted: np.ndarray, consensus: np.ndarray

@@ -48,7 +48,8 @@ def report(state: RefineState) -> RefineResult:
         state.adaptive = replace(state.adaptive, consensus=None)
     t0 = time.perf_counter()
     adapted = state.branch is not None and state.branch.adapts
-    cal, accuracy = calibrated(probs, before, state.signals, view, state.dev, adapted)
+    cal, accuracy = calibrated(probs, before, state.signals, view, state.dev, adapted,
+                               state.vote_probs)
     timings["calibration"] += time.perf_counter() - t0
     targets = state.targets if state.targets is not None else before
     return RefineResult(

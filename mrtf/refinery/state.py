@@ -54,6 +54,8 @@ class RefineState:
     labels : the refined model's labels (neighbour_vote.final_probs) when the fit already
         computed them (the adapt branch from both starts); else the report computes them.
     branch : the adaptive default's vote-or-adapt choice (branch_choice.py).
+    vote_probs : the vote's student's labels before SHOT where the fit adapted it (option
+        adapt_vote), which the estimate reads too (trusted.calibrated); else None.
     input_reading : how the target is read (input_reading.ReadingChoice; None: as given, not
         searched). ``source`` is then the target read that way.
     """
@@ -86,6 +88,7 @@ class RefineState:
     start_model: nn.Module | None = None
     model: nn.Module | None = None
     labels: tuple[np.ndarray, Any] | None = None
+    vote_probs: np.ndarray | None = None
 
     @property
     def self_model(self) -> nn.Module:

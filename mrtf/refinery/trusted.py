@@ -33,6 +33,7 @@ from mrtf.trust.midpoint_estimate import (
     reaches_own_confidence,
     reaching_own_confidence,
     reads_midway,
+    spanning,
 )
 from mrtf.trust.neighbours import target_neighbours
 from mrtf.trust.received import sample_note, sample_rows
@@ -70,35 +71,50 @@ def calibration_of(probs: np.ndarray, signals, device: str | torch.device = "cpu
 
 def calibrated(probs: np.ndarray, before: np.ndarray, signals,
                consensus_view: ConsensusView | None, device: str | torch.device = "cpu",
-               adapted: bool = False) -> tuple[Any, AccuracyEstimate]:
+               adapted: bool = False, vote_probs: np.ndarray | None = None
+               ) -> tuple[Any, AccuracyEstimate]:
     """The labels' calibration and the label-free estimate of their accuracy both refine
     paths report (mrtf.trust.calibration), with θ_{t+1}'s before refinement and the
     consensus' own view (optimistic where the models are weak); the temperature fitted on
-    ``device`` (the refine's). ``adapted``: the labels come from θ_{t+1} adapted to the
+    ``device`` (the refine's). ``adapted``: the labels come from a model adapted to the
     target (the adaptive default's adapt branch), whose estimate is read midway between the
-    calibrator's and the labels' own confidence (midpoint_estimate.midpoint_for_adapted); so
-    are other labels the calibrator reads as mostly right
-    (midpoint_estimate.midpoint_for_sure_labels); in its middle band the ± reaches the labels'
-    own confidence (midpoint_estimate.reaching_own_confidence). Each sample's confidence
-    then keeps its rank under the calibrator and takes the tempered model's value of that
-    rank (confidence_shape.py)."""
+    calibrator's and the labels' own confidence (midpoint_estimate.midpoint_for_adapted);
+    ``vote_probs``: that model is the vote's student (option adapt_vote), these its labels
+    before SHOT; the labels are then read as adapted, as voted, and the ± spans both and
+    the vote's own interval (midpoint_estimate.spanning). Voted labels
+    (:func:`read_as_voted`) the calibrator reads as mostly right are read midway too; in
+    its middle band the ± reaches the labels' own confidence. Each sample's confidence then
+    keeps its rank under the calibrator and takes the tempered model's value of that rank
+    (confidence_shape.py)."""
     # the temperature is fitted once, to the estimate that is printed (50 passes over probs)
     cal = calibration_of(probs, signals, device, fit_temperature=False)
     if signals is not None and adapted:
-        cal = midpoint_for_adapted(cal, probs, device)
-    elif signals is not None and reads_midway(cal):
-        cal = midpoint_for_sure_labels(cal, probs, device)
+        read = midpoint_for_adapted(cal, probs, device)
+        if vote_probs is not None:
+            vote = read_as_voted(calibration_of(vote_probs, signals, device, False),
+                                 vote_probs, device)
+            read = spanning(read, [read_as_voted(cal, probs, device), vote], probs, device)
+        cal = read
     elif signals is not None:
-        if reaches_own_confidence(cal):
-            cal = reaching_own_confidence(cal, probs)
-        cal = replace(cal, temperature=temperature_for(probs, cal.estimated_accuracy,
-                                                       device=device))
+        cal = read_as_voted(cal, probs, device)
     if signals is not None:
         cal = tempered_in_calibrators_order(cal, probs)
     averaged = None if signals is None else \
         calibration_of(before, signals, device, fit_temperature=False).estimated_accuracy
     return cal, AccuracyEstimate(cal.estimated_accuracy, cal.plus_minus, cal.method, averaged,
                                  consensus_view)
+
+
+def read_as_voted(cal, probs: np.ndarray, device: str | torch.device = "cpu"):
+    """The calibrator's ``cal`` of labels that are not adapted: read midway where it reads
+    them as mostly right (midpoint_estimate.midpoint_for_sure_labels), else its own estimate
+    with, in its middle band, a ± reaching the labels' own confidence."""
+    if reads_midway(cal):
+        return midpoint_for_sure_labels(cal, probs, device)
+    if reaches_own_confidence(cal):
+        cal = reaching_own_confidence(cal, probs)
+    return replace(cal, temperature=temperature_for(probs, cal.estimated_accuracy,
+                                                    device=device))
 
 
 def consensus_account(adaptive) -> ConsensusAccount:

@@ -116,6 +116,28 @@ def midpoint_for_adapted(cal: Calibration, probs: np.ndarray,
                                 "(the calibrator was fitted on labels the parties give)", device)
 
 
+def spanning(adapted: Calibration, others: list[Calibration], probs: np.ndarray,
+             device: str | torch.device = "cpu") -> Calibration:
+    """Labels of the vote's student adapted (the adaptive default's option ``adapt_vote``):
+    the ``adapted`` reading (:func:`midpoint_for_adapted`) widened to span ``others`` (the
+    same labels read as the vote's, and the vote's own labels before SHOT as they are read);
+    the estimate is the middle of the span, the ± half its width. Where SHOT made the
+    student sure of wrong labels, both readings of its labels read high; the vote it came
+    from bounds how poor they can be (docs/benchmarks/label-quality.md, "Adapting the vote's
+    student")."""
+    reads = [adapted, *others]
+    lo = min(c.estimated_accuracy - c.plus_minus for c in reads)
+    hi = max(c.estimated_accuracy + c.plus_minus for c in reads)
+    est, pm = (lo + hi) / 2, (hi - lo) / 2
+    line = ("the vote's student was adapted: its labels read " + ", ".join(
+        f"{c.estimated_accuracy:.3f} ± {c.plus_minus:.3f}" for c in reads)
+        + " (as adapted, as voted, the vote's before SHOT); the ± spans all three")
+    return replace(adapted, confidence=shifted_to_mean(adapted.confidence, est),
+                   estimated_accuracy=est, plus_minus=pm,
+                   temperature=temperature_for(probs, est, device=device),
+                   notes=[*adapted.notes, line])
+
+
 def reads_midway(cal: Calibration) -> bool:
     """Whether labels that are not adapted are read midway (:data:`MIDPOINT_FROM`)."""
     return cal.estimated_accuracy >= MIDPOINT_FROM

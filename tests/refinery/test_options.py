@@ -23,6 +23,7 @@ from mrtf.io.labels import read_labels
 from mrtf.refinery import RefineConfig, refine
 from mrtf.refinery.aad import AadSettings, aad_adapt
 from mrtf.refinery.decision import DecisionSettings
+from mrtf.refinery.methods.adaptive import AdaptiveSettings
 from mrtf.refinery.nrc import NrcSettings
 from mrtf.refinery.options import method_options, methods_with_options, option_keys
 from mrtf.refinery.registry import METHOD_SPECS
@@ -38,9 +39,11 @@ def test_defaults_are_the_registered_methods_settings():
         assert config.method_options is None
         assert config.options is METHOD_SPECS[name].settings and config.options == settings
         config.validate()
-    assert RefineConfig().options is None  # adaptive has no options of its own
-    assert methods_with_options() == ["shot (ShotSettings)", "aad (AadSettings)",
-                                      "nrc (NrcSettings)", "decision (DecisionSettings)"]
+    assert RefineConfig().options == AdaptiveSettings(adapt_vote=False)
+    assert RefineConfig(method="mrtf").options is None  # the paper's methods have none
+    assert methods_with_options() == ["adaptive (AdaptiveSettings)", "shot (ShotSettings)",
+                                      "aad (AadSettings)", "nrc (NrcSettings)",
+                                      "decision (DecisionSettings)"]
 
 
 def test_text_sets_fields_of_the_methods_defaults():
@@ -52,11 +55,15 @@ def test_text_sets_fields_of_the_methods_defaults():
     assert method_options("nrc", ["r=0.5", "k=3", "k=4"]) == NrcSettings(r=0.5, k=4)
     assert method_options("shot", ["lr=1e-3", "optimizer=adam"]) == \
         replace(ShotSettings.paper(), lr=1e-3, optimizer="adam")
-    assert "sample_budget" in option_keys("decision") and option_keys("adaptive") == []
+    assert "sample_budget" in option_keys("decision") and option_keys("mrtf") == []
+    assert option_keys("adaptive") == ["adapt_vote"]
+    assert method_options("adaptive", ["adapt-vote=yes"]) == AdaptiveSettings(adapt_vote=True)
 
 
 @pytest.mark.parametrize("method, given, match", [
-    ("adaptive", ["k=3"], "method adaptive takes no options"),
+    ("mrtf", ["k=3"], "method mrtf takes no options"),
+    ("adaptive", ["k=3"], "KEY one of adapt_vote"),
+    ("adaptive", ["adapt_vote=maybe"], "adapt_vote: true or false"),
     ("aad", ["q=3"], "KEY one of alpha, batch_size, beta, epochs, k, lr"),
     ("aad", ["k"], "give KEY=VALUE"),
     ("aad", ["k=3.5"], "k: an integer, got '3.5'"),
@@ -70,7 +77,9 @@ def test_bad_text_is_one_clear_error(method, given, match):
 
 def test_config_checks_the_options_once():
     RefineConfig(method="aad", method_options=AadSettings(k=2)).validate()
-    with pytest.raises(InputError, match="method adaptive takes no method options"):
+    with pytest.raises(InputError, match="method mrtf takes no method options"):
+        RefineConfig(method="mrtf", method_options=AadSettings()).validate()
+    with pytest.raises(InputError, match="options of method adaptive are a AdaptiveSettings"):
         RefineConfig(method_options=AadSettings()).validate()
     with pytest.raises(InputError, match="options of method aad are a AadSettings, got "
                                          "NrcSettings"):
@@ -108,5 +117,23 @@ def test_the_method_runs_with_the_configs_options(digits_federation, tmp_path):
     with h5py.File(labels) as f:  # the labels file records the settings the run used
         assert json.loads(f.attrs["config"])["method_options"] == asdict(mine)
     bad = CliRunner().invoke(cli, ["refine", str(received), "--data", str(target_path),
-                                   "--option", "k=2"])
-    assert bad.exit_code == 2 and "method adaptive takes no options" in bad.output
+                                   "--method", "mrtf", "--option", "k=2"])
+    assert bad.exit_code == 2 and "method mrtf takes no options" in bad.output
+
+
+def test_the_cli_asks_the_default_to_adapt_its_vote(digits_federation, tmp_path):
+    """``mrtf refine --option adapt_vote=true`` on real digits: the run records the option,
+    and step 5's line says what became of the vote (adapted, or kept where the adaptation
+    merged classes); without it the default votes on this federation."""
+    received, target_path = digits_federation[:2]
+    runs = {}
+    for name, extra in (("default", []), ("asked", ["--option", "adapt_vote=true"])):
+        res = CliRunner().invoke(cli, ["refine", str(received), "--data", str(target_path),
+                                       "--labels", str(tmp_path / f"{name}.h5"), "--json",
+                                       *extra], catch_exceptions=False)
+        assert res.exit_code == 0, res.output
+        runs[name] = json.loads(res.stdout)
+    assert runs["default"]["branch"]["by"] == "vote"
+    with h5py.File(tmp_path / "asked.h5") as f:
+        assert json.loads(f.attrs["config"])["method_options"] == {"adapt_vote": True}
+    assert runs["asked"]["branch"]["by"] in ("vote, then adapted", "collapsed adaptation")

@@ -13,7 +13,8 @@ neighbour vote. Its steps, as README "How adaptive works" numbers them, and wher
    BatchNorm statistics where the models have them), or one party only
    → θ_{t+1} adapted with SHOT and settled, and (BatchNorm, several parties) also the vote's
    student; the labels with more information, no less spread, kept; the vote instead if
-   the adapted labels spread less than the consensus
+   the adapted labels spread less than the consensus; with the option adapt_vote
+   (:class:`AdaptiveSettings`), the vote's student is then adapted and settled too
                                                  (:meth:`Adaptive.evidence`, novelty.py,
                                                   feature_shift.py, adapt_start.py,
                                                   :meth:`Adaptive.fit`, branch_choice.py,
@@ -28,13 +29,13 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 from torch import nn
 
 from mrtf.refinery.adaptive import ConsensusInputs, consensus_targets, input_independent
-from mrtf.refinery.branch_choice import choose_branch, collapsed_adaptation
+from mrtf.refinery.branch_choice import adapted_vote, choose_branch, collapsed_adaptation
 from mrtf.refinery.debias import label_diversity
 from mrtf.refinery.ensemble import stabilized_blocks
 from mrtf.refinery.feature_shift import feature_shift
@@ -51,6 +52,23 @@ from mrtf.refinery.state import RefineState
 from mrtf.refinery.votes import SourceStats
 
 
+@dataclass(frozen=True)
+class AdaptiveSettings:
+    """The default's own options (``mrtf refine --option KEY=VALUE``).
+
+    adapt_vote : where step 5 distils the vote (several parties; also where θ_{t+1}'s own
+        adaptation merged classes), the vote's student, once distilled, is adapted to the
+        target with SHOT and settled, as the adapt branch adapts θ_{t+1}
+        (fit.adapt_student); kept unless its adaptation merged classes too
+        (branch_choice.collapsed_adaptation). Costs one SHOT run and one settling round
+        more per refine (docs/benchmarks/label-quality.md, "Adapting the vote's student")."""
+
+    adapt_vote: bool = False
+
+    def validate(self) -> None:
+        """Nothing to check: one switch."""
+
+
 class Adaptive(Distilled):
     name = "adaptive"
     summary = ("consensus of every source with measured trust (adaptive.py) and a neighbour "
@@ -64,6 +82,7 @@ class Adaptive(Distilled):
     trust_default = True
     aligns_input = True  # the target read as the parties read it best (input_reading.py)
     takes_class_prior = True
+    settings: AdaptiveSettings = AdaptiveSettings()
 
     def evidence(self, state: RefineState) -> None:
         """Step 5's choice, from the local models' entropy on the target against the losses
@@ -134,7 +153,39 @@ class Adaptive(Distilled):
             if not adapts_from_both_starts(start, state.num_local):
                 return self._adapt_only_start(state, start)
             return self._adapt_both_starts(state, start)
-        return distil_student(start, state.source, state.targets, state.config, state.dev)
+        student = distil_student(start, state.source, state.targets, state.config, state.dev)
+        if not self._adapts_vote(state):
+            return student
+        return self._adapt_voted_student(state, student)
+
+    @staticmethod
+    def _adapts_vote(state: RefineState) -> bool:
+        """Whether the vote's student is adapted (:class:`AdaptiveSettings`): asked for, and
+        step 5 chose the vote over several parties."""
+        options = state.config.options
+        return (isinstance(options, AdaptiveSettings) and options.adapt_vote
+                and state.branch is not None and state.num_local > 1)
+
+    def _adapt_voted_student(self, state: RefineState, student: nn.Module) -> nn.Module:
+        """The vote's student adapted and settled (fit.adapt_student), its labels checked
+        against the consensus' spread as the adapt branch's are; the student as distilled
+        where the adaptation merged classes."""
+        config = state.config
+        assert state.branch is not None and state.targets is not None
+        voted = copy.deepcopy(student)  # SHOT adapts in place
+        # the vote's labels, which the estimate reads too (trusted.calibrated)
+        vote_labels = final_probs(voted, state.source, config.vote_k, config.inference_batch,
+                                  state.dev, config.stack)
+        adapted = adapt_student(student, state.source, config, state.dev, state.spilled)
+        labels = final_probs(adapted, state.source, config.vote_k, config.inference_batch,
+                             state.dev, config.stack)
+        state.branch = collapsed_adaptation(adapted_vote(state.branch), labels[0],
+                                            state.targets)
+        if not state.branch.adapts:
+            state.labels = vote_labels  # scored already: the report need not vote again
+            return voted
+        state.labels, state.vote_probs = labels, vote_labels[0]
+        return adapted
 
     def _adapt_both_starts(self, state: RefineState, start: nn.Module) -> nn.Module:
         """θ_{t+1} and the vote's student adapted, the better kept (adapt_start.py), its labels
@@ -163,4 +214,7 @@ class Adaptive(Distilled):
         if state.branch.adapts:
             state.labels = labels  # scored already: the report need not vote again
             return adapted
-        return distil_student(before, state.source, state.targets, config, state.dev)
+        student = distil_student(before, state.source, state.targets, config, state.dev)
+        if not self._adapts_vote(state):
+            return student
+        return self._adapt_voted_student(state, student)  # a second start, as BatchNorm's
