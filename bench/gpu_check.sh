@@ -6,7 +6,8 @@
 #             path (CUDA hidden from it) and on the GPU; the labels that differ, counted, with
 #             the CPU's top-2 margin at each (a near-tie is float rounding, a wide one a bug)
 #   scale     bench/scale.py --e2e --M 1000000 --K 10: wall, per-stage times, peak RSS (with
-#             PROFILE=1 the refine's cProfile: top calls in $OUT/profile.txt)
+#             PROFILE=1 the refine's cProfile: top calls in $OUT/profile.txt; with
+#             SCALE_OPTIONS="KEY=VALUE ..." the method's options, its own cell)
 #   device    the device-path tests first (their CUDA cases exist only where CUDA does): the
 #             torch EM and temperature against numpy, the logit reads (softmax_rows, the
 #             signal tallies), --device obeyed, the HDF5 read-ahead
@@ -99,7 +100,7 @@ hasattr(torch.accelerator, 'empty_host_cache') or hasattr(torch._C, '_host_empty
       env "${prof[@]}" SCALE_STAGES=1 OMP_NUM_THREADS=$THREADS timeout $(left 240) \
         python3 bench/scale.py --e2e \
         --M ${SCALE_M:-1000000} --K 10 --threads "$THREADS" --dir "$SCALE_DIR" 2>&1 | tail -20
-      cp "$SCALE_DIR"/e2e-M*-K10.json "$OUT/" 2>/dev/null
+      cp "$SCALE_DIR"/e2e-M*-K10*.json "$OUT/" 2>/dev/null  # SCALE_OPTIONS: -KEY-VALUE
       [ "${PROFILE:-0}" = 1 ] && python3 -c "import pstats, sys; s = pstats.Stats('$SCALE_DIR/scale.prof', stream=sys.stdout)
 s.sort_stats('cumulative').print_stats(70); s.sort_stats('cumulative').print_stats('mrtf/', 90)
 s.sort_stats('tottime').print_stats(40)" > "$OUT/profile.txt" 2>&1 \

@@ -29,6 +29,9 @@ wall, the load average before and after. Cells ``e2e-M*-K*.json``; ``scale-e2e.j
 or its last layer rolled by one class: it predicts y + 1), and records the labels' accuracy
 (against mnist5k's y, tiled like the images) and the parties the reliability checks flagged
 (cells ``e2e-M*-K*-POISON.json``; the clean cells record both too).
+
+``SCALE_OPTIONS="adapt_vote=true"`` (space-separated ``KEY=VALUE``) passes the method's
+options to ``mrtf refine --option`` (cells ``e2e-M*-K*-KEY-VALUE.json``, not in the plot).
 """
 
 from __future__ import annotations
@@ -277,6 +280,7 @@ def run_e2e(root: Path, m: int, k: int, threads: int, method: str,
             "load_after": os.getloadavg()[0], "stages": stages,
             "outputs_mb": whole_length_mb(m, 10), "poison": poison, "accuracy": accuracy,
             "flagged": flagged, "estimated_accuracy": summary.get("estimated_accuracy"),
+            "options": os.environ.get("SCALE_OPTIONS", ""),
             "memory": summary["memory"]}
 
 
@@ -299,6 +303,8 @@ def refine_once(parties: Path, h5: Path, out: Path, method: str, env: dict[str, 
     cmd = [*run, "refine", str(parties), "--data", str(h5), "--labels",
            str(out / "labels.h5"), "--model", str(out / "refined.safetensors"), "--method",
            method, "--stream", "on", "--force", "--json", "--quiet"]
+    # SCALE_OPTIONS="KEY=VALUE ...": the method's options (mrtf refine --option)
+    cmd += [arg for opt in child.get("SCALE_OPTIONS", "").split() for arg in ("--option", opt)]
     proc = run_sampled(cmd, child)
     if proc.returncode:  # its own error, not only "exit status 1"
         sys.stderr.write(proc.stderr[-4000:])
@@ -398,6 +404,8 @@ def main_e2e(args: argparse.Namespace) -> None:
         for k in args.K:
             tag = "" if args.poison is None else f"-{args.poison}"
             tag += "-trim" if os.environ.get("SCALE_TRIM") == "1" else ""
+            tag += "".join(f"-{o.replace('=', '-')}"
+                           for o in os.environ.get("SCALE_OPTIONS", "").split())
             done = root / f"e2e-M{m}-K{k}{tag}.json"
             if not done.exists():
                 # one child per cell: RUSAGE_CHILDREN is this process' children's maximum
@@ -418,10 +426,12 @@ def main_e2e(args: argparse.Namespace) -> None:
                     print(f"  after {row['stage']:16s} {row['s']:6.1f}s RSS {row['VmRSS']:.0f}"
                           f" (anon {row['RssAnon']:.0f}) peak so far {row['VmHWM']:.0f}",
                           flush=True)
-    if args.poison is not None or os.environ.get("SCALE_TRIM") == "1":
-        return  # the time and memory plot is of the clean, untrimmed cells
+    if args.poison is not None or os.environ.get("SCALE_TRIM") == "1" \
+            or os.environ.get("SCALE_OPTIONS"):
+        return  # the time and memory plot is of the clean, untrimmed cells of the default
     rows = sorted((json.loads(p.read_text()) for p in root.glob("e2e-M*-K*.json")
                    if not json.loads(p.read_text()).get("poison")
+                   and not json.loads(p.read_text()).get("options")
                    and not p.name.endswith("-trim.json")),
                   key=lambda r: (r["K"], r["M"]))
     (root / "scale-e2e.json").write_text(json.dumps(rows, indent=2))

@@ -3,10 +3,11 @@ student is then adapted with SHOT and settled (methods/adaptive.py, AdaptiveSett
 
 Each set is refined twice at its own seed, y only scoring: by the default, and with
 ``--option adapt_vote=true``. Recorded per refine: the accuracy, the wall time, the printed
-estimate and ±, the branch's reason, the share of labels the option changed, and, for the
-option, the estimate and ± under the other reading too (adapted labels are read midway,
-mrtf.trust.midpoint_estimate; the vote's labels by the calibrator's band), so one run tells
-how each reading covers the truth::
+estimate and ±, the branch's reason, the share of labels the option changed, and the
+estimate and ± with the labels read as adapted labels (midway, mrtf.trust.midpoint_estimate)
+and as voted labels (by the calibrator's band). The library prints, for the option's labels,
+the voted reading with its ± reaching down to the vote's own interval; the report reads all
+three from the same refines::
 
     cd bench/studies
     OMP_NUM_THREADS=1 python adapt_vote.py --out OUT/run.json.0 --part 0/2 \\
@@ -81,18 +82,17 @@ def refine_all(grids: list[Path], out: Path, part: tuple[int, int]) -> None:
 
 
 def _readings(r: dict) -> dict[str, tuple[float, float]]:
-    """The option's labels read as adapted, as voted, and as the library prints them: the
-    span of both and of the vote's own interval before SHOT (the default's printed one, the
-    same vote at the same seed; midpoint_estimate.spanning). Rows from before the span was
-    the library's reading hold the adapted reading as ``printed`` and the vote's as
-    ``other``."""
+    """The option's labels read as adapted labels, as voted labels, and as the library
+    prints them: read as voted, the ± reaching down to the vote's own interval before SHOT
+    (the default's printed one: the same vote at the same seed;
+    midpoint_estimate.down_to_the_vote). Rows from before that was the library's reading
+    hold the adapted reading as ``printed`` and the voted one as ``other``."""
     adapted = r.get("adapt_vote_as_adapted", r["adapt_vote_printed"])
     voted = r.get("adapt_vote_as_voted", r.get("adapt_vote_other"))
-    reads = (adapted, voted, r["default_printed"])
-    lo = min(e - pm for e, pm in reads)
-    hi = max(e + pm for e, pm in reads)
-    return {"adapted": tuple(adapted), "vote": tuple(voted),
-            "span": ((lo + hi) / 2, (hi - lo) / 2)}
+    vote = r["default_printed"]
+    lo, hi = min(voted[0] - voted[1], vote[0] - vote[1]), voted[0] + voted[1]
+    return {"adapted": tuple(adapted), "voted": tuple(voted),
+            "printed": ((lo + hi) / 2, (hi - lo) / 2)}
 
 
 def _inside(rows: list[dict], reading: str) -> str:
@@ -109,9 +109,9 @@ def report(paths: list[Path]) -> None:
     groups = defaultdict(list)
     for key, row in sorted(rows.items()):
         groups[key.split("/")[0]].append(row)
-    readings = ("adapted", "vote", "span")
+    readings = ("adapted", "voted", "printed")
     print("| sets | n | default | adapt_vote | median s (default / adapt_vote) | adapted | "
-          + " | ".join(f"inside ±, read as {r} (median ±)" for r in readings) + " |")
+          + " | ".join(f"inside ±, {r} (median ±)" for r in readings) + " |")
     print("|---|---|---|---|---|---|" + "---|" * len(readings))
     for group, rs in [*groups.items(), ("all", [r for g in groups.values() for r in g])]:
         base = np.array([r["default"] for r in rs])

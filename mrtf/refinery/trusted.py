@@ -28,12 +28,12 @@ from mrtf.trust.basin import SHARED_COSINE, assess_basin, weight_cosine
 from mrtf.trust.calibration import Signals, calibrate, temperature_for, uncalibrated
 from mrtf.trust.confidence_shape import tempered_in_calibrators_order
 from mrtf.trust.midpoint_estimate import (
+    down_to_the_vote,
     midpoint_for_adapted,
     midpoint_for_sure_labels,
     reaches_own_confidence,
     reaching_own_confidence,
     reads_midway,
-    spanning,
 )
 from mrtf.trust.neighbours import target_neighbours
 from mrtf.trust.received import sample_note, sample_rows
@@ -80,21 +80,20 @@ def calibrated(probs: np.ndarray, before: np.ndarray, signals,
     target (the adaptive default's adapt branch), whose estimate is read midway between the
     calibrator's and the labels' own confidence (midpoint_estimate.midpoint_for_adapted);
     ``vote_probs``: that model is the vote's student (option adapt_vote), these its labels
-    before SHOT; the labels are then read as adapted, as voted, and the ± spans both and
-    the vote's own interval (midpoint_estimate.spanning). Voted labels
+    before SHOT; the labels are then read as voted labels are, the ± reaching down to the
+    vote's own interval (midpoint_estimate.down_to_the_vote). Voted labels
     (:func:`read_as_voted`) the calibrator reads as mostly right are read midway too; in
     its middle band the ± reaches the labels' own confidence. Each sample's confidence then
     keeps its rank under the calibrator and takes the tempered model's value of that rank
     (confidence_shape.py)."""
     # the temperature is fitted once, to the estimate that is printed (50 passes over probs)
     cal = calibration_of(probs, signals, device, fit_temperature=False)
-    if signals is not None and adapted:
-        read = midpoint_for_adapted(cal, probs, device)
-        if vote_probs is not None:
-            vote = read_as_voted(calibration_of(vote_probs, signals, device, False),
-                                 vote_probs, device)
-            read = spanning(read, [read_as_voted(cal, probs, device), vote], probs, device)
-        cal = read
+    if signals is not None and vote_probs is not None:
+        vote = read_as_voted(calibration_of(vote_probs, signals, device, False), vote_probs,
+                             device)
+        cal = down_to_the_vote(read_as_voted(cal, probs, device), vote, probs, device)
+    elif signals is not None and adapted:
+        cal = midpoint_for_adapted(cal, probs, device)
     elif signals is not None:
         cal = read_as_voted(cal, probs, device)
     if signals is not None:

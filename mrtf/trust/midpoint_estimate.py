@@ -116,26 +116,28 @@ def midpoint_for_adapted(cal: Calibration, probs: np.ndarray,
                                 "(the calibrator was fitted on labels the parties give)", device)
 
 
-def spanning(adapted: Calibration, others: list[Calibration], probs: np.ndarray,
-             device: str | torch.device = "cpu") -> Calibration:
+def down_to_the_vote(read: Calibration, vote: Calibration, probs: np.ndarray,
+                     device: str | torch.device = "cpu") -> Calibration:
     """Labels of the vote's student adapted (the adaptive default's option ``adapt_vote``):
-    the ``adapted`` reading (:func:`midpoint_for_adapted`) widened to span ``others`` (the
-    same labels read as the vote's, and the vote's own labels before SHOT as they are read);
-    the estimate is the middle of the span, the ± half its width. Where SHOT made the
-    student sure of wrong labels, both readings of its labels read high; the vote it came
-    from bounds how poor they can be (docs/benchmarks/label-quality.md, "Adapting the vote's
-    student")."""
-    reads = [adapted, *others]
-    lo = min(c.estimated_accuracy - c.plus_minus for c in reads)
-    hi = max(c.estimated_accuracy + c.plus_minus for c in reads)
+    ``read``, the labels read as voted labels are, with its interval reaching down to the
+    lower end of ``vote``'s (the vote's own labels before SHOT, as they are read); the
+    estimate is the middle of that interval. SHOT makes the student surer whether or not it
+    is right, and where it made it sure of wrong labels, the readings of its labels read
+    high; the vote it came from says how poor they can be. Read as adapted labels
+    (:func:`midpoint_for_adapted`) they missed more often (docs/benchmarks/label-quality.md,
+    "The option adapt_vote")."""
+    lo = min(read.estimated_accuracy - read.plus_minus, vote.estimated_accuracy - vote.plus_minus)
+    hi = read.estimated_accuracy + read.plus_minus
     est, pm = (lo + hi) / 2, (hi - lo) / 2
-    line = ("the vote's student was adapted: its labels read " + ", ".join(
-        f"{c.estimated_accuracy:.3f} ± {c.plus_minus:.3f}" for c in reads)
-        + " (as adapted, as voted, the vote's before SHOT); the ± spans all three")
-    return replace(adapted, confidence=shifted_to_mean(adapted.confidence, est),
+    if pm <= read.plus_minus:
+        return read
+    line = (f"the vote's student was adapted: its labels read {read.estimated_accuracy:.3f} ± "
+            f"{read.plus_minus:.3f}, the vote's before SHOT {vote.estimated_accuracy:.3f} ± "
+            f"{vote.plus_minus:.3f}; the ± reaches down to the vote's")
+    return replace(read, confidence=shifted_to_mean(read.confidence, est),
                    estimated_accuracy=est, plus_minus=pm,
                    temperature=temperature_for(probs, est, device=device),
-                   notes=[*adapted.notes, line])
+                   notes=[*read.notes, line])
 
 
 def reads_midway(cal: Calibration) -> bool:

@@ -12,6 +12,7 @@ from mrtf.trust.midpoint_estimate import (
     MIDPOINT_FROM,
     SHARED_ERROR,
     SHARED_SHARE,
+    down_to_the_vote,
     midpoint_for_adapted,
     midpoint_for_sure_labels,
     midpoint_plus_minus,
@@ -20,7 +21,6 @@ from mrtf.trust.midpoint_estimate import (
     reads_midway,
     shared_error,
     shifted_to_mean,
-    spanning,
 )
 
 
@@ -147,17 +147,16 @@ def test_the_shared_error_is_a_share_of_what_is_read_wrong_up_to_a_cap() -> None
     assert shared_error(0.90) <= shared_error(0.80) <= shared_error(0.60)
 
 
-def test_the_adapted_votes_interval_spans_every_reading() -> None:
-    """Option adapt_vote: the adapted reading widened to the same labels read as the vote's
-    and to the vote's own interval before SHOT; the estimate is the span's middle."""
-    adapted, as_voted, vote = (_cal(np.full(1000, e), pm) for e, pm in
-                               ((0.80, 0.10), (0.72, 0.14), (0.63, 0.20)))
-    out = spanning(adapted, [as_voted, vote], _probs(0.95))
+def test_the_adapted_votes_interval_reaches_down_to_the_votes() -> None:
+    """Option adapt_vote: the labels' own reading widened down to the lower end of the
+    vote's interval before SHOT (its upper end is not reached); the estimate is the middle."""
+    read, vote = _cal(np.full(1000, 0.80), 0.10), _cal(np.full(1000, 0.63), 0.20)
+    out = down_to_the_vote(read, vote, _probs(0.95))
     assert abs(out.estimated_accuracy - (0.43 + 0.90) / 2) < 1e-6
     assert abs(out.plus_minus - (0.90 - 0.43) / 2) < 1e-6
     assert abs(float(out.confidence.mean()) - out.estimated_accuracy) < 1e-4
     assert abs(float(apply_temperature(_probs(0.95), out.temperature).mean())
                - out.estimated_accuracy) < 1e-3
-    assert "0.630 ± 0.200" in out.notes[-1] and "spans all three" in out.notes[-1]
-    same = spanning(adapted, [adapted], _probs(0.95))  # nothing to widen
-    assert abs(same.plus_minus - 0.10) < 1e-6 and abs(same.estimated_accuracy - 0.80) < 1e-6
+    assert "0.630 ± 0.200" in out.notes[-1] and "reaches down to the vote's" in out.notes[-1]
+    # a vote whose interval starts higher widens nothing: the labels' own reading stands
+    assert down_to_the_vote(read, _cal(np.full(1000, 0.85), 0.05), _probs(0.95)) is read
