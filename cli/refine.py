@@ -85,7 +85,8 @@ from mrtf.refinery.variants import VARIANTS
                    "methods).")
 @click.option("--option", "method_option", multiple=True, metavar="KEY=VALUE",
               help="A setting of the method's own: a field of its settings, e.g. "
-                   "sample_budget=20000 for decision, epochs=10 for shot. Repeatable. Methods "
+                   "adapt_vote=true for adaptive (also adapt the vote's student), "
+                   "sample_budget=20000 for decision. Repeatable. Methods "
                    "that take them: " + ", ".join(methods_with_options()) + ".")
 @click.option("--min-confidence", type=float, default=None,
               help="Leave samples whose calibrated confidence is below this unlabeled "

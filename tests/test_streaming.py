@@ -62,6 +62,19 @@ def test_streaming_labels_equal_in_memory(setup, tmp_path, method):
         np.testing.assert_array_equal(out.probs, mem.probs)
 
 
+def test_streaming_adapted_vote_equals_in_memory(setup, tmp_path):
+    """Option adapt_vote over spilled storage (SHOT's features in a scratch file): the
+    in-memory labels, branch and estimate."""
+    from mrtf.refinery.methods.adaptive import AdaptiveSettings
+
+    mem, out = _both(*setup, tmp_path, method_options=AdaptiveSettings(adapt_vote=True))
+    assert (out.branch.chosen, out.branch.by) == (mem.branch.chosen, mem.branch.by)
+    assert mem.branch.by in ("vote, then adapted", "collapsed adaptation")
+    np.testing.assert_array_equal(out.probs.argmax(1), mem.probs.argmax(1))
+    assert out.accuracy.refined == pytest.approx(mem.accuracy.refined, abs=1e-5)
+    assert out.accuracy.plus_minus == pytest.approx(mem.accuracy.plus_minus, abs=1e-5)
+
+
 @pytest.mark.parametrize("method,variant", [("feddf", "paper"), ("st+rd", "paper"),
                                             ("mrtf", "reference"), ("fedavg", "paper")])
 def test_streaming_paper_methods_bitwise(setup, tmp_path, method, variant):
