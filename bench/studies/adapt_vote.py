@@ -81,12 +81,15 @@ def refine_all(grids: list[Path], out: Path, part: tuple[int, int]) -> None:
         print(key, json.dumps(row), flush=True)
 
 
-def _readings(r: dict) -> dict[str, tuple[float, float]]:
+def _readings(r: dict) -> dict[str, tuple[float, float] | None]:
     """The option's labels read as adapted labels, as voted labels, and as the library
     prints them: read as voted, the ± reaching down to the vote's own interval before SHOT
     (the default's printed one: the same vote at the same seed;
     midpoint_estimate.down_to_the_vote). Rows from before that was the library's reading
-    hold the adapted reading as ``printed`` and the voted one as ``other``."""
+    hold the adapted reading as ``printed`` and the voted one as ``other``; rows of the
+    library's print alone (the two-round runs) hold ``printed`` only."""
+    if "adapt_vote_as_voted" not in r and "adapt_vote_other" not in r:
+        return {"adapted": None, "voted": None, "printed": tuple(r["adapt_vote_printed"])}
     adapted = r.get("adapt_vote_as_adapted", r["adapt_vote_printed"])
     voted = r.get("adapt_vote_as_voted", r.get("adapt_vote_other"))
     vote = r["default_printed"]
@@ -97,6 +100,8 @@ def _readings(r: dict) -> dict[str, tuple[float, float]]:
 
 def _inside(rows: list[dict], reading: str) -> str:
     read = [(_readings(r)[reading], r["adapt_vote"]) for r in rows]
+    if any(est is None for est, _ in read):
+        return "–"
     inside = sum(abs(e - acc) <= pm for (e, pm), acc in read)
     return f"{inside} / {len(read)} ({float(np.median([pm for (_, pm), _ in read])):.3f})"
 

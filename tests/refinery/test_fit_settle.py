@@ -18,8 +18,13 @@ def test_rounds_by_architecture() -> None:
     assert fit.settle_rounds(build_model("lenet", 10)) == 1
 
 
-@pytest.mark.parametrize("arch", ["lenet_shot", "lenet"])
-def test_each_round_votes_with_the_model_the_last_round_distilled(arch, monkeypatch) -> None:
+@pytest.mark.parametrize("arch, min_rounds", [("lenet_shot", 1), ("lenet", 1),
+                                              ("lenet", fit.VOTE_SETTLE_ROUNDS),
+                                              ("lenet_shot", fit.VOTE_SETTLE_ROUNDS)])
+def test_each_round_votes_with_the_model_the_last_round_distilled(arch, min_rounds,
+                                                                  monkeypatch) -> None:
+    """The architecture's rounds, or ``min_rounds`` where more (the vote's student adapted:
+    option adapt_vote)."""
     torch.manual_seed(0)
     model = build_model(arch, 10)
     x = np.random.default_rng(0).random((48, 1, 28, 28), dtype=np.float32)
@@ -38,8 +43,10 @@ def test_each_round_votes_with_the_model_the_last_round_distilled(arch, monkeypa
     monkeypatch.setattr(fit, "final_probs", vote)
     monkeypatch.setattr(fit, "distill", distill)
     config = RefineConfig(steps=2, batch_size=16, seed=5, progress=False)
-    settled = fit.settle(model, ArraySource(x), config, torch.device("cpu"))
-    rounds = fit.settle_rounds(model)
+    settled = fit.settle(model, ArraySource(x), config, torch.device("cpu"), min_rounds)
+    rounds = max(fit.settle_rounds(model), min_rounds)
+    assert rounds == {("lenet_shot", 1): 3, ("lenet", 1): 1, ("lenet", 2): 2,
+                      ("lenet_shot", 2): 3}[arch, min_rounds]
     assert len(voted_with) == len(seeds) == rounds
     assert seeds == [5 + 1000 * (r + 1) for r in range(rounds)]  # round 1 as before
     assert settled is model  # distilled in place, round after round

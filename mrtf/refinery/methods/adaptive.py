@@ -40,6 +40,7 @@ from mrtf.refinery.debias import label_diversity
 from mrtf.refinery.ensemble import stabilized_blocks
 from mrtf.refinery.feature_shift import feature_shift
 from mrtf.refinery.fit import (
+    VOTE_SETTLE_ROUNDS,
     adapt_both_starts,
     adapt_student,
     adapts_from_both_starts,
@@ -59,9 +60,10 @@ class AdaptiveSettings:
     adapt_vote : where step 5 distils the vote (several parties; also where θ_{t+1}'s own
         adaptation merged classes), the vote's student, once distilled, is adapted to the
         target with SHOT and settled, as the adapt branch adapts θ_{t+1}
-        (fit.adapt_student); kept unless its adaptation merged classes too
-        (branch_choice.collapsed_adaptation). Costs one SHOT run and one settling round
-        more per refine (docs/benchmarks/label-quality.md, "Adapting the vote's student")."""
+        (fit.adapt_student), in at least fit.VOTE_SETTLE_ROUNDS rounds; kept unless its
+        adaptation merged classes too (branch_choice.collapsed_adaptation). Costs one SHOT
+        run and the settling rounds more per refine (docs/benchmarks/label-quality.md, "The
+        option adapt_vote")."""
 
     adapt_vote: bool = False
 
@@ -176,7 +178,8 @@ class Adaptive(Distilled):
         # the vote's labels, which the estimate reads too (trusted.calibrated)
         vote_labels = final_probs(voted, state.source, config.vote_k, config.inference_batch,
                                   state.dev, config.stack)
-        adapted = adapt_student(student, state.source, config, state.dev, state.spilled)
+        adapted = adapt_student(student, state.source, config, state.dev, state.spilled,
+                                VOTE_SETTLE_ROUNDS)
         labels = final_probs(adapted, state.source, config.vote_k, config.inference_batch,
                              state.dev, config.stack)
         state.branch = collapsed_adaptation(adapted_vote(state.branch), labels[0],
