@@ -130,7 +130,7 @@ def test_the_cli_asks_the_default_to_adapt_its_vote(digits_federation, tmp_path)
     for name, extra in (("default", []), ("asked", ["--option", "adapt_vote=true"])):
         res = CliRunner().invoke(cli, ["refine", str(received), "--data", str(target_path),
                                        "--labels", str(tmp_path / f"{name}.h5"), "--json",
-                                       *extra], catch_exceptions=False)
+                                       "--steps", "40", *extra], catch_exceptions=False)
         assert res.exit_code == 0, res.output
         runs[name] = json.loads(res.stdout)
     assert runs["default"]["branch"]["by"] == "vote"
