@@ -69,6 +69,20 @@ CELLS.update(FRESH)
 SEEDS = (0, 1, 2)
 
 
+def cached_sets(grids: list[Path], out: Path, part: tuple[int, int] = (0, 1)):
+    """The cached received sets under ``grids`` (each ``<set>/received`` and
+    ``<set>/target.h5``: :func:`received_set`'s layout) that are this process' share
+    (``part`` = (i, n): every n-th from the i-th) and not yet in the JSON results file
+    ``out``: (key ``GRID/SET``, the set's folder, its seed, the results so far), the seed
+    being the number the set's name ends with. The studies' resumable loop over sets."""
+    dirs = [d.parent for g in grids for d in sorted(g.glob("*/received"))]
+    for j, d in enumerate(dirs):
+        key = f"{d.parent.parent.name}/{d.name}"
+        res = json.loads(out.read_text()) if out.is_file() else {}
+        if j % part[1] == part[0] and key not in res:
+            yield key, d, int(d.name.rsplit("-s", 1)[-1]), res
+
+
 def received_set(cell: str, seed: int, root: Path) -> tuple[Path, Path]:
     """The cell's exported received directory and target file (simulated once, cached)."""
     where = root / "received" / f"{cell}-s{seed}"

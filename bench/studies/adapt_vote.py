@@ -32,6 +32,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the harness
+
+from harness import cached_sets  # noqa: E402
 
 import mrtf.refinery.report as report_stage  # noqa: E402
 
@@ -55,13 +58,8 @@ def refine_all(grids: list[Path], out: Path, part: tuple[int, int]) -> None:
     from mrtf.refinery.methods.adaptive import AdaptiveSettings
 
     report_stage.calibrated = _both_readings
-    dirs = [d.parent for g in grids for d in sorted(g.glob("*/received"))]
-    for j, d in enumerate(dirs):
-        key = f"{d.parent.parent.name}/{d.name}"
-        res = json.loads(out.read_text()) if out.is_file() else {}
-        if j % part[1] != part[0] or key in res:
-            continue
-        seed, row, labels = int(d.name.rsplit("-s", 1)[-1]), {}, {}
+    for key, d, seed, res in cached_sets(grids, out, part):
+        row, labels = {}, {}
         with H5Dataset(d / "target.h5") as src:
             y = src.labels()
             for variant, options in (("default", None), ("adapt_vote", AdaptiveSettings(True))):

@@ -39,6 +39,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the harness
+
+from harness import cached_sets  # noqa: E402
 
 import mrtf.refinery.fit as fit  # noqa: E402
 import mrtf.refinery.methods.adaptive as method  # noqa: E402
@@ -76,13 +79,8 @@ def refine_all(grids: list[Path], out: Path, part: tuple[int, int]) -> None:
     from mrtf.io import H5Dataset, load_received
     from mrtf.refinery import RefineConfig, refine
 
-    dirs = [d.parent for g in grids for d in sorted(g.glob("*/received"))]
-    for j, d in enumerate(dirs):
-        key = f"{d.parent.parent.name}/{d.name}"
-        res = json.loads(out.read_text()) if out.is_file() else {}
-        if j % part[1] != part[0] or key in res:
-            continue
-        seed, row = int(d.name.rsplit("-s", 1)[-1]), {}
+    for key, d, seed, res in cached_sets(grids, out, part):
+        row = {}
         with H5Dataset(d / "target.h5") as src:
             SEEN["y"] = src.labels()
             for variant in ("default", "forced"):

@@ -130,7 +130,8 @@ def choose_branch(novelty: Novelty | None, num_local: int,
 
 def adapted_vote(branch: BranchChoice) -> BranchChoice:
     """``branch`` (a vote) followed by the vote's student adapted: the labels come from an
-    adapted model, read as adapted labels are (mrtf.trust.midpoint_estimate)."""
+    adapted model, read as voted labels with the ± reaching down to the vote's
+    (mrtf.trust.midpoint_estimate.down_to_the_vote)."""
     return BranchChoice("adapt", VOTE_THEN_ADAPTED, None, branch.start_diversity)
 
 

@@ -89,9 +89,7 @@ def calibrated(probs: np.ndarray, before: np.ndarray, signals,
     # the temperature is fitted once, to the estimate that is printed (50 passes over probs)
     cal = calibration_of(probs, signals, device, fit_temperature=False)
     if signals is not None and vote_probs is not None:
-        vote = read_as_voted(calibration_of(vote_probs, signals, device, False), vote_probs,
-                             device)
-        cal = down_to_the_vote(read_as_voted(cal, probs, device), vote, probs, device)
+        cal = _read_down_to_the_vote(cal, probs, vote_probs, signals, device)
     elif signals is not None and adapted:
         cal = midpoint_for_adapted(cal, probs, device)
     elif signals is not None:
@@ -104,16 +102,36 @@ def calibrated(probs: np.ndarray, before: np.ndarray, signals,
                                  consensus_view)
 
 
-def read_as_voted(cal, probs: np.ndarray, device: str | torch.device = "cpu"):
+def read_as_voted(cal, probs: np.ndarray, device: str | torch.device = "cpu", *,
+                  fit_temperature: bool = True):
     """The calibrator's ``cal`` of labels that are not adapted: read midway where it reads
     them as mostly right (midpoint_estimate.midpoint_for_sure_labels), else its own estimate
-    with, in its middle band, a ± reaching the labels' own confidence."""
+    with, in its middle band, a ± reaching the labels' own confidence; the temperature
+    fitted to the estimate unless ``fit_temperature`` is False (only the interval is read)."""
     if reads_midway(cal):
-        return midpoint_for_sure_labels(cal, probs, device)
+        return midpoint_for_sure_labels(cal, probs, device, fit_temperature=fit_temperature)
     if reaches_own_confidence(cal):
         cal = reaching_own_confidence(cal, probs)
+    if not fit_temperature:
+        return cal
     return replace(cal, temperature=temperature_for(probs, cal.estimated_accuracy,
                                                     device=device))
+
+
+def _read_down_to_the_vote(cal, probs: np.ndarray, vote_probs: np.ndarray, signals,
+                           device: str | torch.device):
+    """Labels of the vote's student adapted (option adapt_vote): read as voted, the ± reaching
+    down to the vote's own interval (midpoint_estimate.down_to_the_vote). Both readings are
+    intervals only; the temperature is fitted once, to the estimate printed (at 10⁶ rows a
+    fit is seconds)."""
+    read = read_as_voted(cal, probs, device, fit_temperature=False)
+    vote = read_as_voted(calibration_of(vote_probs, signals, device, False), vote_probs,
+                         device, fit_temperature=False)
+    out = down_to_the_vote(read, vote, probs, device)
+    if out is not read:
+        return out  # widened: fitted to the new estimate there
+    return replace(read, temperature=temperature_for(probs, read.estimated_accuracy,
+                                                     device=device))
 
 
 def consensus_account(adaptive) -> ConsensusAccount:

@@ -88,12 +88,15 @@ def reach_plus_minus(calibrated: float, own: float, calibrators: float) -> float
 
 
 def midpoint(cal: Calibration, probs: np.ndarray, note: str,
-             device: str | torch.device = "cpu") -> Calibration:
+             device: str | torch.device = "cpu", *, fit_temperature: bool = True
+             ) -> Calibration:
     """``cal`` read midway between the calibrator's estimate and the labels' own mean max
     probability, with :func:`midpoint_plus_minus` (the labels' accuracy on these m samples
     varies around what both read, and both can be off the same way). Each sample's
     confidence is shifted by one logit so its mean is the estimate; ``note`` (why both are
-    read) goes to the notes with the two readings."""
+    read) goes to the notes with the two readings. ``fit_temperature=False`` keeps ``cal``'s
+    temperature, for a reading only its interval is read from (the fit is 50 passes over
+    ``probs``)."""
     own = own_confidence(probs)
     est = (cal.estimated_accuracy + own) / 2
     pm = midpoint_plus_minus(cal.estimated_accuracy, own, len(cal.confidence), cal.plus_minus)
@@ -101,7 +104,8 @@ def midpoint(cal: Calibration, probs: np.ndarray, note: str,
             f"confidence {own:.3f}; the estimate is midway, the ± spans both")
     return replace(cal, confidence=shifted_to_mean(cal.confidence, est),
                    estimated_accuracy=est, plus_minus=pm,
-                   temperature=temperature_for(probs, est, device=device),
+                   temperature=temperature_for(probs, est, device=device)
+                   if fit_temperature else cal.temperature,
                    notes=[*cal.notes, line])
 
 
@@ -146,13 +150,14 @@ def reads_midway(cal: Calibration) -> bool:
 
 
 def midpoint_for_sure_labels(cal: Calibration, probs: np.ndarray,
-                             device: str | torch.device = "cpu") -> Calibration:
+                             device: str | torch.device = "cpu", *,
+                             fit_temperature: bool = True) -> Calibration:
     """:func:`midpoint` for labels that are not adapted and that the calibrator reads as mostly
     right (:func:`reads_midway`): it read 6-10 points low on ten parties voting on a new
     domain, where the labels' own confidence read 0.5-1.5 high."""
     return midpoint(cal, probs, f"the calibrator reads the labels as mostly right (≥ "
                                 f"{MIDPOINT_FROM:.2f}), where their own confidence is a reading "
-                                "too", device)
+                                "too", device, fit_temperature=fit_temperature)
 
 
 def reaches_own_confidence(cal: Calibration) -> bool:

@@ -155,6 +155,11 @@ class Adaptive(Distilled):
             if not adapts_from_both_starts(start, state.num_local):
                 return self._adapt_only_start(state, start)
             return self._adapt_both_starts(state, start)
+        return self._distil_vote(state, start)
+
+    def _distil_vote(self, state: RefineState, start: nn.Module) -> nn.Module:
+        """``start`` distilled to the consensus with jitter (the vote), then adapted where
+        the option adapt_vote asks (:meth:`_adapt_voted_student`)."""
         student = distil_student(start, state.source, state.targets, state.config, state.dev)
         if not self._adapts_vote(state):
             return student
@@ -217,7 +222,4 @@ class Adaptive(Distilled):
         if state.branch.adapts:
             state.labels = labels  # scored already: the report need not vote again
             return adapted
-        student = distil_student(before, state.source, state.targets, config, state.dev)
-        if not self._adapts_vote(state):
-            return student
-        return self._adapt_voted_student(state, student)  # a second start, as BatchNorm's
+        return self._distil_vote(state, before)  # adapt_vote: a second start, as BatchNorm's
