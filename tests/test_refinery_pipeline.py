@@ -435,12 +435,12 @@ def test_the_consensus_posterior_is_freed_before_the_calibration(demo, monkeypat
 def test_the_votes_student_is_adapted_when_asked(demo, monkeypatch):
     """Option adapt_vote (AdaptiveSettings): where step 5 votes (several parties, a familiar
     target), the vote's student, distilled as the default distils it, is then adapted with
-    SHOT and settled in VOTE_SETTLE_ROUNDS rounds (fit.adapt_student, the same seed); the
+    SHOT and settled as VOTE_SCHEDULE says (fit.adapt_student, the same seed); the
     labels are that model's vote,
     read as adapted labels are. The spread guard is lowered here (these three two-class
     parties' adaptation merges classes: the next test)."""
     import mrtf.refinery.branch_choice as branch_choice
-    from mrtf.refinery.fit import VOTE_SETTLE_ROUNDS, adapt_student
+    from mrtf.refinery.fit import VOTE_SCHEDULE, adapt_student
     from mrtf.refinery.methods.adaptive import AdaptiveSettings
 
     monkeypatch.setattr(branch_choice, "MAX_SPREAD_LOSS", 1.0)
@@ -452,7 +452,7 @@ def test_the_votes_student_is_adapted_when_asked(demo, monkeypatch):
     assert (r.branch.chosen, r.branch.by) == ("adapt", "vote, then adapted")
     assert "then its student adapted" in r.branch.line() and r.branch.spreads is not None
     expected = adapt_student(copy.deepcopy(default.model), ArraySource(x), asked, "cpu",
-                             min_rounds=VOTE_SETTLE_ROUNDS)
+                             schedule=VOTE_SCHEDULE)
     np.testing.assert_allclose(predict_probs(r.model, ArraySource(x), 256),
                                predict_probs(expected, ArraySource(x), 256), atol=1e-6)
     probs, _ = final_probs(expected, ArraySource(x), asked.vote_k, 256)

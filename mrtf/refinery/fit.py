@@ -6,6 +6,7 @@ keeps is branch_choice.py's; where the adapt branch starts, adapt_start.py's."""
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -26,11 +27,32 @@ ADAPT_MAX_STEPS = 5000
 #: rounds of (neighbour vote, distillation) that settle an adapted network with BatchNorm
 #: (:func:`settle_rounds`); one round for a network without
 SETTLE_ROUNDS = 3
-#: at least this many rounds settle the vote's student adapted (the adaptive default's option
-#: adapt_vote): a second round gained +0.8 points over one on 28 standard-digit sets of plain
-#: LeNets (10 better, none worse; chosen there, in-sample) and +0.2 on the label-quality
-#: grid and fresh sets (docs/benchmarks/label-quality.md, "The option adapt_vote")
-VOTE_SETTLE_ROUNDS = 2
+
+
+@dataclass(frozen=True)
+class AdaptSchedule:
+    """How :func:`adapt_student` adapts a model and settles it.
+
+    min_rounds : at least this many settling rounds (:func:`settle_rounds` gives the
+        model's own count).
+    settle_share : each settling round distils for this share of ``config.steps``.
+    max_refreshes : SHOT refreshes its pseudo-labels at most this many times in its run
+        (0: once per pass over the target, SHOT's)."""
+
+    min_rounds: int = 1
+    settle_share: float = 1.0
+    max_refreshes: int = 0
+
+
+#: the vote's student adapted (the adaptive default's option adapt_vote): at least two
+#: settling rounds (a second gained +0.8 points over one on 28 standard-digit sets of plain
+#: LeNets, 10 better, none worse; chosen there, in-sample; +0.2 on the label-quality grid and
+#: fresh sets), each of half the steps, and SHOT's labels refreshed at most four times: on 69
+#: grid, fresh and standard-digit sets −0.05 points against full rounds with a refresh every
+#: pass (6 better / 11 worse by more than one; chosen on the grid and standard digits), in
+#: 2.5× the default's median time instead of 3.6× (docs/benchmarks/label-quality.md, "The
+#: option adapt_vote", "Cheaper")
+VOTE_SCHEDULE = AdaptSchedule(min_rounds=2, settle_share=0.5, max_refreshes=4)
 
 
 def adapt_settings(model: nn.Module, config: RefineConfig) -> ShotSettings:
@@ -58,14 +80,29 @@ def distil_student(student: nn.Module, source, targets: np.ndarray, config: Refi
 
 
 def adapt_student(student: nn.Module, source, config: RefineConfig, dev: torch.device,
-                  streaming: bool = False, min_rounds: int = 1) -> nn.Module:
+                  streaming: bool = False, schedule: AdaptSchedule = AdaptSchedule()
+                  ) -> nn.Module:
     """The adapt branch: ``student`` (θ_{t+1}) adapted to the target with SHOT
-    (:func:`adapt_settings`, by the model; over spilled storage SHOT keeps its features in a
-    scratch file in ``config.scratch_dir``), then settled (:func:`settle`, at least
-    ``min_rounds`` rounds). In place."""
-    adapted = shot_adapt(student, source, adapt_settings(student, config), config.seed, dev,
-                         config.progress, streaming, config.scratch_dir)
-    return settle(adapted, source, config, dev, min_rounds)
+    (:func:`adapt_settings`, by the model, its refreshes capped as ``schedule`` says; over
+    spilled storage SHOT keeps its features in a scratch file in ``config.scratch_dir``),
+    then settled (:func:`settle`, as ``schedule`` says). In place."""
+    settings = refreshed_at_most(adapt_settings(student, config), len(source),
+                                 schedule.max_refreshes)
+    adapted = shot_adapt(student, source, settings, config.seed, dev, config.progress,
+                         streaming, config.scratch_dir)
+    return settle(adapted, source, config, dev, schedule)
+
+
+def refreshed_at_most(settings: ShotSettings, m: int, refreshes: int) -> ShotSettings:
+    """``settings`` refreshing SHOT's pseudo-labels at most ``refreshes`` times on a target
+    of m samples: every pass, or every 1 / ``refreshes`` of the run where passes are more
+    (a small target: 32 passes in 500 steps on 1,000 samples); unchanged for 0."""
+    if refreshes <= 0:
+        return settings
+    per_pass = math.ceil(m / min(settings.batch_size, m))
+    every = max(settings.refresh_every or per_pass,
+                math.ceil(settings.num_steps(m) / refreshes))
+    return replace(settings, refresh_every=every)
 
 
 def settle_rounds(model: nn.Module) -> int:
@@ -79,17 +116,19 @@ def settle_rounds(model: nn.Module) -> int:
 
 
 def settle(adapted: nn.Module, source, config: RefineConfig, dev: torch.device,
-           min_rounds: int = 1) -> nn.Module:
+           schedule: AdaptSchedule = AdaptSchedule()) -> nn.Module:
     """After SHOT, the vote branch's last two steps, :func:`settle_rounds` times: the adapted
     model is distilled to its own neighbour vote with its inputs jittered (steps 6-7 of README
     "How adaptive works"), and the next round votes with the model the last one distilled.
     SHOT fits without the jitter, so its labels keep the noise the jitter smooths out on the
     vote branch; each round's vote is taken in features the previous round made smoother, so
     it corrects labels the first vote could not (docs/benchmarks/standard-digits.md); at
-    least ``min_rounds`` rounds."""
+    least ``schedule.min_rounds`` rounds, each of ``schedule.settle_share`` of the steps."""
     if config.jitter is None or config.vote_k < 1:
         return adapted
-    for r in range(max(settle_rounds(adapted), min_rounds)):
+    if schedule.settle_share != 1.0:
+        config = replace(config, steps=max(1, round(config.steps * schedule.settle_share)))
+    for r in range(max(settle_rounds(adapted), schedule.min_rounds)):
         voted, _ = final_probs(adapted, source, config.vote_k, config.inference_batch, dev,
                                config.stack)
         adapted = distill(adapted, source, voted.astype(np.float32),

@@ -40,7 +40,7 @@ from mrtf.refinery.debias import label_diversity
 from mrtf.refinery.ensemble import stabilized_blocks
 from mrtf.refinery.feature_shift import feature_shift
 from mrtf.refinery.fit import (
-    VOTE_SETTLE_ROUNDS,
+    VOTE_SCHEDULE,
     adapt_both_starts,
     adapt_student,
     adapts_from_both_starts,
@@ -60,7 +60,7 @@ class AdaptiveSettings:
     adapt_vote : where step 5 distils the vote (several parties; also where θ_{t+1}'s own
         adaptation merged classes), the vote's student, once distilled, is adapted to the
         target with SHOT and settled, as the adapt branch adapts θ_{t+1}
-        (fit.adapt_student), in at least fit.VOTE_SETTLE_ROUNDS rounds; kept unless its
+        (fit.adapt_student), as fit.VOTE_SCHEDULE says (at least two rounds); kept unless its
         adaptation merged classes too (branch_choice.collapsed_adaptation). Costs one SHOT
         run and the settling rounds more per refine (docs/benchmarks/label-quality.md, "The
         option adapt_vote")."""
@@ -184,7 +184,7 @@ class Adaptive(Distilled):
         vote_labels = final_probs(voted, state.source, config.vote_k, config.inference_batch,
                                   state.dev, config.stack)
         adapted = adapt_student(student, state.source, config, state.dev, state.spilled,
-                                VOTE_SETTLE_ROUNDS)
+                                VOTE_SCHEDULE)
         labels = final_probs(adapted, state.source, config.vote_k, config.inference_batch,
                              state.dev, config.stack)
         state.branch = collapsed_adaptation(adapted_vote(state.branch), labels[0],
