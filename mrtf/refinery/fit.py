@@ -47,11 +47,10 @@ class AdaptSchedule:
 #: the vote's student adapted (the adaptive default's option adapt_vote): at least two
 #: settling rounds (a second gained +0.8 points over one on 28 standard-digit sets of plain
 #: LeNets, 10 better, none worse; chosen there, in-sample; +0.2 on the label-quality grid and
-#: fresh sets), each of half the steps, and SHOT's labels refreshed at most four times: on 69
-#: grid, fresh and standard-digit sets −0.05 points against full rounds with a refresh every
-#: pass (6 better / 11 worse by more than one; chosen on the grid and standard digits), in
-#: 2.5× the default's median time instead of 3.6× (docs/benchmarks/label-quality.md, "The
-#: option adapt_vote", "Cheaper")
+#: fresh sets), each of half the steps, and SHOT's labels refreshed at most four times: on 126
+#: sets −0.07 points against full rounds with a refresh every pass (9 better / 18 worse by
+#: more than one; chosen on the grid and standard digits), in 2.5× the default's median time
+#: instead of 3.6× (docs/benchmarks/label-quality.md, "The option adapt_vote", "Cheaper")
 VOTE_SCHEDULE = AdaptSchedule(min_rounds=2, settle_share=0.5, max_refreshes=4)
 
 
