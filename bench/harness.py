@@ -9,6 +9,7 @@ put ``bench/`` there themselves.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -81,6 +82,24 @@ def cached_sets(grids: list[Path], out: Path, part: tuple[int, int] = (0, 1)):
         res = json.loads(out.read_text()) if out.is_file() else {}
         if j % part[1] == part[0] and key not in res:
             yield key, d, int(d.name.rsplit("-s", 1)[-1]), res
+
+
+def study_arguments(doc: str) -> argparse.ArgumentParser:
+    """The command line the cached-set studies share (:func:`cached_sets`): ``--grid`` (a
+    folder of ``<set>/received``, repeatable), ``--out`` (the JSON results), ``--part i/n``
+    (this process' share) and ``--report FILE...``; a study adds its own arguments."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--grid", type=Path, action="append", default=[])
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--part", default="0/1", type=_part,
+                    help="i/n: this process refines every n-th set")
+    ap.add_argument("--report", type=Path, nargs="*", default=None)
+    return ap
+
+
+def _part(text: str) -> tuple[int, int]:
+    i, n = map(int, text.split("/"))
+    return i, n
 
 
 def received_set(cell: str, seed: int, root: Path) -> tuple[Path, Path]:

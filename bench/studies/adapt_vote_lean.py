@@ -26,7 +26,6 @@ files).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -39,7 +38,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the harness
 
-from harness import cached_sets  # noqa: E402
+from harness import cached_sets, study_arguments  # noqa: E402
 
 import mrtf.refinery.methods.adaptive as adaptive  # noqa: E402
 from mrtf.refinery.fit import AdaptSchedule  # noqa: E402
@@ -121,22 +120,17 @@ def report(paths: list[Path]) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--grid", type=Path, action="append", default=[])
-    ap.add_argument("--out", type=Path)
-    ap.add_argument("--part", default="0/1", help="i/n: this process refines every n-th set")
-    ap.add_argument("--report", type=Path, nargs="*", default=None)
+    ap = study_arguments(__doc__)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     a = ap.parse_args()
     if a.report is not None:
         report(a.report)
         return
-    i, n = map(int, a.part.split("/"))
     variants = tuple(a.variants.split(","))
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         ap.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
-    refine_all(a.grid, a.out, (i, n), variants)
+    refine_all(a.grid, a.out, a.part, variants)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ to a temporary folder and removed.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -33,7 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the harness
 
-from harness import cached_sets  # noqa: E402
+from harness import cached_sets, study_arguments  # noqa: E402
 
 import mrtf.trust.calibration as calibration  # noqa: E402
 
@@ -118,18 +117,13 @@ def report(paths: list[Path]) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--grid", type=Path, action="append", default=[])
-    ap.add_argument("--out", type=Path)
+    ap = study_arguments(__doc__)
     ap.add_argument("--size", type=int, default=0, help="rows of the target (0: all)")
-    ap.add_argument("--part", default="0/1", help="i/n: this process refines every n-th set")
-    ap.add_argument("--report", type=Path, nargs="*", default=None)
     a = ap.parse_args()
     if a.report is not None:
         report(a.report)
         return
-    i, n = map(int, a.part.split("/"))
-    refine_all(a.grid, a.out, (i, n), a.size)
+    refine_all(a.grid, a.out, a.part, a.size)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ number its name ends with.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
@@ -41,7 +40,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the harness
 
-from harness import cached_sets  # noqa: E402
+from harness import cached_sets, study_arguments  # noqa: E402
 
 import mrtf.refinery.fit as fit  # noqa: E402
 import mrtf.refinery.methods.adaptive as method  # noqa: E402
@@ -137,17 +136,11 @@ def report(paths: list[Path]) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--grid", type=Path, action="append", default=[])
-    ap.add_argument("--out", type=Path)
-    ap.add_argument("--part", default="0/1", help="i/n: this process refines every n-th set")
-    ap.add_argument("--report", type=Path, nargs="*", default=None)
-    a = ap.parse_args()
+    a = study_arguments(__doc__).parse_args()
     if a.report is not None:
         report(a.report)
         return
-    i, n = map(int, a.part.split("/"))
-    refine_all(a.grid, a.out, (i, n))
+    refine_all(a.grid, a.out, a.part)
 
 
 if __name__ == "__main__":
