@@ -45,12 +45,10 @@ class AdaptSchedule:
 
 
 #: the vote's student adapted (the adaptive default's option adapt_vote): at least two
-#: settling rounds (a second gained +0.8 points over one on 28 standard-digit sets of plain
-#: LeNets, 10 better, none worse; chosen there, in-sample; +0.2 on the label-quality grid and
-#: fresh sets), each of half the steps, and SHOT's labels refreshed at most four times: on 126
-#: sets −0.07 points against full rounds with a refresh every pass (9 better / 18 worse by
-#: more than one; chosen on the grid and standard digits), in 2.5× the default's median time
-#: instead of 3.6× (docs/benchmarks/label-quality.md, "The option adapt_vote", "Cheaper")
+#: settling rounds (the second gained on the standard digits), each of half the steps, and
+#: SHOT's labels refreshed at most four times: nearly the accuracy of full rounds refreshed
+#: every pass, in less time (the numbers: docs/benchmarks/label-quality.md, "The option
+#: adapt_vote" and "Cheaper")
 VOTE_SCHEDULE = AdaptSchedule(min_rounds=2, settle_share=0.5, max_refreshes=4)
 
 
@@ -98,9 +96,7 @@ def refreshed_at_most(settings: ShotSettings, m: int, refreshes: int) -> ShotSet
     (a small target: 32 passes in 500 steps on 1,000 samples); unchanged for 0."""
     if refreshes <= 0:
         return settings
-    per_pass = math.ceil(m / min(settings.batch_size, m))
-    every = max(settings.refresh_every or per_pass,
-                math.ceil(settings.num_steps(m) / refreshes))
+    every = max(settings.refresh_interval(m), math.ceil(settings.num_steps(m) / refreshes))
     return replace(settings, refresh_every=every)
 
 

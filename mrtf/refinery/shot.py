@@ -89,6 +89,11 @@ class ShotSettings:
             return min(steps, self.max_steps) if self.max_steps > 0 else steps
         return self.steps
 
+    def refresh_interval(self, m: int) -> int:
+        """Optimiser steps between pseudo-label refreshes on ``m`` samples: ``refresh_every``,
+        or one pass over the target (SHOT: once per epoch)."""
+        return self.refresh_every or math.ceil(m / min(self.batch_size, m))
+
     def validate(self) -> None:
         checks = [
             (self.steps >= 0, f"steps must be >= 0, got {self.steps}"),
@@ -289,7 +294,7 @@ def _train(model: nn.Module, head: nn.Linear, source, run: _AdaptRun) -> None:
     batches = list(_batches(m, steps, cfg.batch_size, gen))
     rows = np.unique(np.concatenate(batches))
     data = gather_rows(source, rows)  # one streaming read instead of a random read per step
-    every = cfg.refresh_every or math.ceil(m / min(cfg.batch_size, m))
+    every = cfg.refresh_interval(m)
     labels = None
     from tqdm import tqdm
 
