@@ -27,6 +27,7 @@ from mrtf.refinery.prior_choice import CLASS_PRIORS
 from mrtf.refinery.registry import method_help
 from mrtf.refinery.storage import STREAM_ABOVE_BYTES
 from mrtf.refinery.variants import VARIANTS
+from mrtf.trust.class_frequencies import parse_class_frequencies
 
 
 @click.command(name="refine")
@@ -83,6 +84,12 @@ from mrtf.refinery.variants import VARIANTS
               help="Measure every party on --data and leave excluded ones out of the "
                    "average and the teachers (default: on for adaptive, off for the paper's "
                    "methods).")
+@click.option("--class-frequencies", metavar="F1,F2,...", default=None,
+              help="Your data's class frequencies, if you know them: one number per class "
+                   "(shares or counts). The label-free estimate of the labels' accuracy then "
+                   "reads how the labels spread over the classes against them, not against "
+                   "an even spread (which reads a skewed target as doubt). The labels do not "
+                   "change.")
 @click.option("--option", "method_option", multiple=True, metavar="KEY=VALUE",
               help="A setting of the method's own: a field of its settings, e.g. "
                    "adapt_vote=true for adaptive (also adapt the vote's student), "
@@ -148,6 +155,8 @@ def refine_config(opts: dict[str, Any], progress: bool) -> RefineConfig:
     given = {f.name: opts[f.name] for f in fields(RefineConfig) if f.name in opts}
     if given["steps"] is None:
         del given["steps"]
+    if given["class_frequencies"] is not None:
+        given["class_frequencies"] = parse_class_frequencies(given["class_frequencies"])
     options = method_options(opts["method"], opts["method_option"])
     return RefineConfig(**given, progress=progress, method_options=options)
 

@@ -182,6 +182,12 @@ def test_refine_label_score_end_to_end(simulated, tmp_path):
       "{tmp}/five.safetensors"], "classes"),
     (["--data", "{root}/target.h5", "--labels", "{tmp}/l.h5", "--method", "mrtf",
       "--class-prior", "uniform"], "applies to the adaptive method only"),
+    (["--data", "{root}/target.h5", "--labels", "{tmp}/l.h5", "--class-frequencies", "1,2"],
+     "2 class frequencies were given but the received models have 10 classes"),
+    (["--data", "{root}/target.h5", "--labels", "{tmp}/l.h5", "--class-frequencies", "x,y"],
+     "comma-separated numbers"),
+    (["--data", "{root}/target.h5", "--labels", "{tmp}/l.h5", "--class-frequencies",
+      "1,-1,1,1,1,1,1,1,1,1"], "non-negative"),
 ])
 def test_refine_bad_input(simulated, tmp_path, extra, message):
     root, _ = simulated

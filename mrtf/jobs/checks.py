@@ -93,6 +93,7 @@ def checked_config(rs: ReceivedSet, source: H5Dataset, outs: Outputs,
     # streaming holds (M, C) arrays and spills the rest beside the outputs: a file declaring
     # 10^9 rows is refused here, not by the OOM killer (or a full disk) later
     k, c, m, d = len(rs.models) + 1, rs.num_classes, len(source), _feature_dim(rs)
+    job.config.check_classes(c)
     scratch = next(p for p in (job.labels, job.model, job.csv) if p is not None)
     cfg = dataclasses.replace(job.config, scratch_dir=job.config.scratch_dir or
                               str(scratch.parent))

@@ -16,6 +16,7 @@ from mrtf.refinery.prior_choice import CLASS_PRIORS
 from mrtf.refinery.registry import METHOD_SPECS, METHODS, MethodOptions, get_method
 from mrtf.refinery.teachers import STACK_MODES
 from mrtf.refinery.variants import VARIANTS
+from mrtf.trust.class_frequencies import check_class_frequencies
 
 #: MrTF's clustered label refinery is skipped for models of the first rounds (the default
 #: of RefineConfig, of the simulator's refinery methods and of the Flower config)
@@ -74,6 +75,10 @@ class RefineConfig:
         input_reading.READINGS under which the parties' mean prediction is most
         informative), 'off' (as given) or a reading: a zoom factor in [0.5, 2] ('0.7'), the
         foreground contrast ('fg') or both ('fg:0.7').
+    class_frequencies : the target's class frequencies, one number per class (shares or
+        counts), when known: the label-free estimate then reads the labels' spread over the
+        classes against them instead of an even spread (mrtf.trust.class_frequencies); the
+        labels themselves do not change. None (default): an even spread is assumed.
     method_options : the method's own settings for this run, an instance of the type of its
         registered defaults (``Method.settings``: shot ``ShotSettings``, aad ``AadSettings``,
         nrc ``NrcSettings``, decision ``DecisionSettings``), e.g.
@@ -105,6 +110,7 @@ class RefineConfig:
     neighbour_vote: int = NEIGHBOURS
     augment: bool = True
     input_reading: str = "auto"
+    class_frequencies: tuple[float, ...] | None = None
     method_options: MethodOptions | None = None
 
     @property
@@ -170,7 +176,14 @@ class RefineConfig:
             parse_input_reading(self.input_reading)
         except ValueError as exc:
             raise InputError(str(exc)) from None
+        if self.class_frequencies is not None:
+            check_class_frequencies(self.class_frequencies)
         self._check_options()
+
+    def check_classes(self, num_classes: int) -> None:
+        """InputError when :attr:`class_frequencies` do not give one per class."""
+        if self.class_frequencies is not None:
+            check_class_frequencies(self.class_frequencies, num_classes)
 
     def _check_options(self) -> None:
         """``method_options`` of the method's own type, and the options' own checks."""

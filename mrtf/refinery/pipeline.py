@@ -98,6 +98,7 @@ def planned(received, source, config: RefineConfig | None,
     and its plan of who teaches and who learns."""
     config = config or RefineConfig()
     config.validate()
+    config.check_classes(received.num_classes)
     state = RefineState(received, source, config, get_method(config.method),
                         pick_device(config.device), student is not None)
     plan_models(state, student)

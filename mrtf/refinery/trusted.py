@@ -26,6 +26,7 @@ from mrtf.refinery.result import (
 from mrtf.refinery.teachers import check_finite, teacher_logits
 from mrtf.trust.basin import SHARED_COSINE, assess_basin, weight_cosine
 from mrtf.trust.calibration import Signals, calibrate, temperature_for, uncalibrated
+from mrtf.trust.class_frequencies import normalised
 from mrtf.trust.confidence_shape import tempered_in_calibrators_order
 from mrtf.trust.midpoint_estimate import (
     down_to_the_vote,
@@ -53,6 +54,8 @@ def local_signals(state) -> Signals | None:
     signals = Signals.from_logits(state.logits.view, state.before, state.before,
                                   state.storage.signals_block, k, state.dev)
     signals.neighbours = target_neighbours(state.source, device=state.dev)
+    if state.config.class_frequencies is not None:
+        signals.class_prior = normalised(state.config.class_frequencies)
     return signals
 
 

@@ -12,20 +12,20 @@ target samples (in the target's own input space, mrtf.trust.neighbours) that car
 label — labels that are right follow the target's natural clusters, wrong ones cut across
 them — and three cell-level signals: the parties' mean confidence on the target (how familiar
 it looks to them), how often two parties agree, and how evenly the labels spread over the
-classes (confidently wrong parties pile their labels onto a few classes; this assumes a
-target whose classes are not very skewed, and reads a skewed one as doubt). w and b
+classes (confidently wrong parties pile their labels onto a few classes; this assumes
+balanced classes and reads skewed ones as doubt, unless the user gives the target's class
+frequencies: mrtf.trust.class_frequencies). w and b
 (:data:`COEF`) were fitted once, with labels, on the 24 received sets of the label-quality
 grid (bench/calibration.py) — as the default method was chosen on that grid — and are fixed:
 at run time nothing reads ``y``. The estimated accuracy of the labels is the mean calibrated
 confidence; its ± is the larger of the sampling error and what 9 in 10 out-of-sample
-estimates at that level held (:data:`ERROR_BANDS`; in the lowest band at least the way down
-to chance). Signals without neighbourhoods (a caller that builds them itself) get the earlier
-12-signal model (:data:`FALLBACK_COEF`), said so in the notes.
+estimates at that level held (:data:`ERROR_BANDS`; in the lowest band down to chance).
+Signals without neighbourhoods get the earlier 12-signal model (:data:`FALLBACK_COEF`).
 
 For ``mrtf label`` (one model, no parties) the refined model carries a temperature T (its
-bundle's ``mrtf.calibration``), chosen at refine time so that its max probability at T has the
-calibrated confidence's mean; ``label`` applies T. What refine writes per sample is that
-tempered probability in the order of conf(x) (mrtf.trust.confidence_shape).
+bundle's ``mrtf.calibration``): its max probability at T has the calibrated confidence's
+mean. Refine writes per sample that tempered probability in the order of conf(x)
+(mrtf.trust.confidence_shape).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from mrtf.device import off_cpu
+from mrtf.trust.class_frequencies import spread_against
 from mrtf.trust.neighbours import label_consistency
 from mrtf.trust.signals_torch import tallies_torch
 
@@ -49,23 +50,20 @@ FEATURES = ("logit refined p(label)", "logit parties' mean p(label)",
             "cell: logit entropy of the labels' histogram / log C")
 #: fitted on the 24 received sets of the label-quality grid (adaptive, seed 0, 1,000 samples
 #: each, refined by the default with its vote-or-adapt step, neighbour vote and input jitter;
-#: ``python bench/calibration.py --fit``, L2 C = 0.05; refitted 2026-11-23 when the jitter
-#: made the refined model less sure: the old constants then underestimated by 6.0 points);
-#: the 6 features were chosen by forward selection on the leave-one-scenario-out error
-#: (bench/calibration_select.py) before the vote-or-adapt step; the last entry is b
+#: ``python bench/calibration.py --fit``, L2 C = 0.05; refitted 2026-11-23 for the jitter,
+#: under which the old constants read 6.0 points low);
+#: features by forward selection on the leave-one-scenario-out error
+#: (bench/calibration_select.py); the last entry is b
 COEF: tuple[float, ...] = (0.4135, 0.4292, 0.4696, 0.3495, -0.6232, 0.4639, -2.1938)
 #: the ± of a confidence the calibrator did not make (``uncalibrated``): the calibrated
-#: estimate's RMS error on 27 fresh cells (9 scenarios never used in the fit, two new domain
-#: pairs among them; max 0.214; bench/calibration_fresh.py, docs/results.md); a model's own
-#: max probability is usually worse than that
+#: estimate's RMS error on 27 fresh cells (9 scenarios never used in the fit;
+#: bench/calibration_fresh.py, docs/results.md); a model's own max probability is usually worse
 GRID_ERROR = 0.083
 #: the honest ± of the calibrated estimate, by its level: (lowest estimate of the band, the
 #: 90th percentile of |error| there) over 53 out-of-sample estimates (the 24 grid cells each
 #: from a fit without its scenario, the 2 T = 200 cells, 27 fresh cells of 9 unseen
-#: scenarios; ``python bench/calibration.py --bands``), so that about 9 in 10 held. The error
-#: is not one size: estimates ≥ 0.85 had RMS 0.019 (n = 17, max 0.046), mid-range ones
-#: 0.087 (n = 19, max 0.169), low ones 0.100 (n = 17, max 0.214, mostly high: where almost
-#: every label is wrong the estimate still says too much)
+#: scenarios; ``python bench/calibration.py --bands``), so that about 9 in 10 held; the
+#: error per band is in docs/benchmarks/calibration.md ("The ± by the estimate's level")
 ERROR_BANDS: tuple[tuple[float, float], ...] = ((0.85, 0.027), (0.40, 0.126), (0.0, 0.155))
 
 #: the earlier model, kept for Signals without the target's neighbourhoods (a caller that
@@ -105,7 +103,8 @@ class Signals:
     models' mean max softmax on the target set. pairwise_agreement: how often two local
     models give the same label (mean over pairs). neighbours (M, k): each sample's nearest
     target samples in the target's own input space (mrtf.trust.neighbours), attached by the
-    refinery after the teachers' pass; None selects the fallback model."""
+    refinery after the teachers' pass; None selects the fallback model. class_prior: the
+    target's class frequencies (C,) if given (class_frequencies.py)."""
 
     votes: np.ndarray
     mean_prob: np.ndarray
@@ -114,12 +113,12 @@ class Signals:
     local_confidence: float
     pairwise_agreement: float
     neighbours: np.ndarray | None = None
+    class_prior: np.ndarray | None = None
 
     @classmethod
-    def from_logits(cls, local_logits: np.ndarray, averaged: np.ndarray,
-                    consensus: np.ndarray, block: int | None = None,
-                    models: int | None = None, device: torch.device | None = None
-                    ) -> Signals:
+    def from_logits(cls, local_logits: np.ndarray, averaged: np.ndarray, consensus: np.ndarray,
+                    block: int | None = None, models: int | None = None,
+                    device: torch.device | None = None) -> Signals:
         """local_logits (K, M, C) of the local models, or anything indexed ``a[:k, s:e]`` that
         returns such a block (the streaming path's spill, read ``block`` rows at a time, whose
         first ``models`` teachers are the local models); averaged, consensus (M, C).
@@ -139,8 +138,7 @@ class Signals:
                    float(np.mean(pairs)) if pairs else 1.0)
 
 
-def _tallies(local_logits, k: int, block: int
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _tallies(local_logits, k: int, block: int) -> tuple[np.ndarray, ...]:
     """The first k models' votes (M, C) and mean softmax (M, C) float32, each one's summed max
     softmax (k,) and the pairs' agreeing-label counts (k, k), ``block`` rows at a time."""
     m, c = local_logits.shape[1], local_logits.shape[2]
@@ -191,9 +189,9 @@ def _per_sample(probs: np.ndarray, labels: np.ndarray, s: Signals, a: int, b: in
 def _cell(labels: np.ndarray, c: int, s: Signals) -> np.ndarray:
     """The per-cell features of FEATURES (the last three)."""
     hist = np.bincount(labels, minlength=c) / max(1, len(labels))
-    # a balanced target's labels spread over all classes; labels of confidently wrong parties
-    # pile onto a few (assumes the target's classes are not very skewed: see the README)
-    spread = float(-(hist[hist > 0] * np.log(hist[hist > 0])).sum() / math.log(c))
+    # a balanced target's labels spread over all classes, wrong parties' pile onto a few
+    # (assumes balanced classes, unless the user gave their frequencies)
+    spread = spread_against(hist, s.class_prior)
     return np.array([_logit(s.local_confidence), s.pairwise_agreement, _logit(spread)])
 
 
@@ -367,6 +365,8 @@ def calibrate(probs: np.ndarray, signals: Signals,
     err = band_error(est, probs.shape[1]) if full else FALLBACK_GRID_ERROR
     notes = [] if full else ["the target's neighbourhoods were not computed: the fallback "
                              f"calibrator (grid error {FALLBACK_GRID_ERROR}) was used"]
+    if full and signals.class_prior is not None:
+        notes.append("the labels' spread was read against the class frequencies given")
     if full and err > band_error(est):
         notes.append(f"most labels are read as wrong, and at {est:.3f} the estimate cannot tell "
                      f"how wrong: its ± reaches down to chance (1/{probs.shape[1]})")
