@@ -50,9 +50,8 @@ FEATURES = ("logit refined p(label)", "logit parties' mean p(label)",
             "cell: logit entropy of the labels' histogram / log C")
 #: fitted on the 24 received sets of the label-quality grid (adaptive, seed 0, 1,000 samples
 #: each, refined by the default with its vote-or-adapt step, neighbour vote and input jitter;
-#: ``python bench/calibration.py --fit``, L2 C = 0.05; refitted 2026-11-23 for the jitter,
-#: under which the old constants read 6.0 points low);
-#: features by forward selection on the leave-one-scenario-out error
+#: ``python bench/calibration.py --fit``, L2 C = 0.05; refitted 2026-11-23 for the input
+#: jitter); the features by forward selection on the leave-one-scenario-out error
 #: (bench/calibration_select.py); the last entry is b
 COEF: tuple[float, ...] = (0.4135, 0.4292, 0.4696, 0.3495, -0.6232, 0.4639, -2.1938)
 #: the ± of a confidence the calibrator did not make (``uncalibrated``): the calibrated

@@ -2,10 +2,10 @@
 
 One of the calibrator's signals (mrtf.trust.calibration, FEATURES[5]) is how far the labels
 spread over the classes: labels of confidently wrong parties pile onto a few. Measured
-against an even spread, it reads a target whose classes really are skewed as doubt: on
-MNIST → USPS (USPS's test set spreads over 0.982 of ln C) the estimate read 3.9 points low
-on 19 sets. Nothing label-free found the skew (docs/benchmarks/calibration.md, "A class
-prior from the target"), so a user who knows the frequencies can give them, and the spread
+against an even spread, it reads a target whose classes really are skewed as doubt (USPS's
+test set: MNIST → USPS reads low). Nothing label-free found the skew
+(docs/benchmarks/calibration.md, "A class prior from the target", with the numbers), so a
+user who knows the frequencies can give them, and the spread
 is then measured against them: 1 − KL(h ‖ π) / ln C for the labels' histogram h and the
 given π, which is the entropy of h over ln C when π is even (what the calibrator was fitted
 on: balanced targets). Frequencies that are wrong move the estimate the other way.
