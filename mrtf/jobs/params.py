@@ -100,8 +100,10 @@ class RefineJob:
             raise InputError("--aggregate and --trust apply with --data only")
         check_selection(self.min_confidence, self.coverage)
         cfg.validate()
-        if self.data is None and (self.min_confidence is not None or self.coverage is not None):
-            raise InputError("--min-confidence and --coverage apply with --data only")
+        if self.data is None and (self.min_confidence is not None or self.coverage is not None
+                                  or cfg.class_frequencies is not None):
+            raise InputError("--min-confidence, --coverage and --class-frequencies apply with "
+                             "--data only")
         if self.student_file is not None and self.student_arch is not None:
             raise InputError("give --student or --student-arch, not both")
 
