@@ -28,6 +28,7 @@ from mrtf.trust.basin import SHARED_COSINE, assess_basin, weight_cosine
 from mrtf.trust.calibration import Signals, calibrate, temperature_for, uncalibrated
 from mrtf.trust.class_frequencies import normalised
 from mrtf.trust.confidence_shape import tempered_in_calibrators_order
+from mrtf.trust.label_piles import label_piles
 from mrtf.trust.midpoint_estimate import (
     down_to_the_vote,
     midpoint_for_adapted,
@@ -99,10 +100,18 @@ def calibrated(probs: np.ndarray, before: np.ndarray, signals,
         cal = read_as_voted(cal, probs, device)
     if signals is not None:
         cal = tempered_in_calibrators_order(cal, probs)
+    cal = with_piles_named(cal, probs, None if signals is None else signals.class_prior)
     averaged = None if signals is None else \
         calibration_of(before, signals, device, fit_temperature=False).estimated_accuracy
     return cal, AccuracyEstimate(cal.estimated_accuracy, cal.plus_minus, cal.method, averaged,
                                  consensus_view)
+
+
+def with_piles_named(cal, probs: np.ndarray, prior: np.ndarray | None):
+    """``cal`` with a note for each class the labels argmax(probs) pile onto
+    (mrtf.trust.label_piles; against the user's class frequencies when given)."""
+    piles = label_piles(np.asarray(probs).argmax(1), probs.shape[1], prior)
+    return replace(cal, notes=[*(p.line() for p in piles), *cal.notes]) if piles else cal
 
 
 def read_as_voted(cal, probs: np.ndarray, device: str | torch.device = "cpu", *,
