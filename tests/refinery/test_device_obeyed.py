@@ -118,7 +118,8 @@ def _signals_state(x, probs, dev):
     logits = np.log(probs[:2])
     return SimpleNamespace(num_local=2, logits=SimpleNamespace(view=logits),
                            before=probs[-1], storage=SimpleNamespace(signals_block=None),
-                           source=ArraySource(x), dev=dev)
+                           source=ArraySource(x), dev=dev,
+                           config=SimpleNamespace(class_frequencies=None))
 
 
 def test_target_neighbourhoods_follow_the_refine_device(cuda_present, digits):
