@@ -16,6 +16,7 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -100,6 +101,32 @@ def study_arguments(doc: str) -> argparse.ArgumentParser:
 def _part(text: str) -> tuple[int, int]:
     i, n = map(int, text.split("/"))
     return i, n
+
+
+def pooled(specs: list[str], keys: list[str]) -> dict[str, list[str]]:
+    """The set keys (``GRID/SET``) by group: ``NAME=A,B`` in ``specs`` pools the keys whose
+    GRID is A or B under NAME; no specs, one group per GRID."""
+    if not specs:
+        specs = [f"{g}={g}" for g in dict.fromkeys(k.split("/")[0] for k in keys)]
+    pools = {}
+    for spec in specs:
+        name, prefixes = spec.split("=", 1)
+        heads = set(prefixes.split(","))
+        pools[name] = [k for k in keys if k.split("/")[0] in heads]
+    return pools
+
+
+def pooled_study_main(doc: str, refine_all: Callable, report: Callable) -> None:
+    """The command of a cached-set study that reports by group: :func:`study_arguments` plus
+    ``--pool NAME=A,B`` (:func:`pooled`); ``--report`` runs ``report(paths, pools)``, else
+    ``refine_all(grids, out, part)``."""
+    ap = study_arguments(doc)
+    ap.add_argument("--pool", nargs="*", default=[], help="NAME=PREFIX,PREFIX (report)")
+    a = ap.parse_args()
+    if a.report is not None:
+        report(a.report, a.pool)
+    else:
+        refine_all(a.grid, a.out, a.part)
 
 
 def received_set(cell: str, seed: int, root: Path) -> tuple[Path, Path]:

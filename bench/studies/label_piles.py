@@ -24,8 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the harness
 
-from harness import cached_sets, study_arguments  # noqa: E402
-from spread_prior import _pools  # noqa: E402
+from harness import cached_sets, pooled, pooled_study_main  # noqa: E402
 
 from mrtf.trust.label_piles import label_piles  # noqa: E402
 
@@ -61,7 +60,7 @@ def report(paths: list[Path], pools: list[str]) -> None:
           "the set's errors inside its piles: median |")
     print("|---|---|---|---|---|---|")
     every = []
-    for name, keys in _pools(pools, sorted(rows)).items():
+    for name, keys in pooled(pools, sorted(rows)).items():
         piles = [p for k in keys for p in rows[k]["piles"]]
         every += piles
         held = [sum(p["errors"] for p in rows[k]["piles"]) for k in keys if rows[k]["piles"]]
@@ -76,13 +75,7 @@ def report(paths: list[Path], pools: list[str]) -> None:
 
 
 def main() -> None:
-    ap = study_arguments(__doc__)
-    ap.add_argument("--pool", nargs="*", default=[], help="NAME=PREFIX,PREFIX (report)")
-    a = ap.parse_args()
-    if a.report is not None:
-        report(a.report, a.pool)
-        return
-    refine_all(a.grid, a.out, a.part)
+    pooled_study_main(__doc__, refine_all, report)
 
 
 if __name__ == "__main__":

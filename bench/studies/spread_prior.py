@@ -40,7 +40,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the harness
 
-from harness import cached_sets, study_arguments  # noqa: E402
+from harness import cached_sets, pooled, pooled_study_main  # noqa: E402
 
 import mrtf.refinery.adaptive as adaptive  # noqa: E402
 import mrtf.refinery.report as report_stage  # noqa: E402
@@ -119,23 +119,11 @@ def refine_all(grids: list[Path], out: Path, part: tuple[int, int]) -> None:
         print(key, json.dumps(res[key]), flush=True)
 
 
-def _pools(specs: list[str], keys: list[str]) -> dict[str, list[str]]:
-    if not specs:
-        return {k.split("/")[0]: [k2 for k2 in keys if k2.split("/")[0] == k.split("/")[0]]
-                for k in keys}
-    pools = {}
-    for spec in specs:
-        name, prefixes = spec.split("=", 1)
-        heads = set(prefixes.split(","))
-        pools[name] = [k for k in keys if k.split("/")[0] in heads]
-    return pools
-
-
 def report(paths: list[Path], pools: list[str]) -> None:
     """Per group and prior: sets, the truth inside the ±, median ±, median ECE, mean |error|
     and mean error (points); then how the prior choice fell per group."""
     rows = {k: v for p in paths for k, v in json.loads(p.read_text()).items()}
-    groups = _pools(pools, sorted(rows))
+    groups = pooled(pools, sorted(rows))
     print("| group | prior | sets | inside ± | median ± | median ECE | mean abs. error | "
           "mean error |")
     print("|---|---|---|---|---|---|---|---|")
@@ -160,13 +148,7 @@ def report(paths: list[Path], pools: list[str]) -> None:
 
 
 def main() -> None:
-    ap = study_arguments(__doc__)
-    ap.add_argument("--pool", nargs="*", default=[], help="NAME=PREFIX,PREFIX (report)")
-    a = ap.parse_args()
-    if a.report is not None:
-        report(a.report, a.pool)
-        return
-    refine_all(a.grid, a.out, a.part)
+    pooled_study_main(__doc__, refine_all, report)
 
 
 if __name__ == "__main__":
