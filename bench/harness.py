@@ -25,6 +25,7 @@ import torch
 
 from mrtf.federated import export_received, export_target, run_fedavg
 from mrtf.federated.runner import RunConfig, prepare_run
+from mrtf.trust.metrics import ece
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -156,6 +157,16 @@ def softmax(z: np.ndarray) -> np.ndarray:
     z = z - z.max(-1, keepdims=True)
     e = np.exp(z)
     return (e / e.sum(-1, keepdims=True)).astype(np.float32)
+
+
+def estimate_scored(res, y: np.ndarray) -> dict:
+    """A refine's label-free estimate and its ± as printed, and the ECE of its per-sample
+    calibrated confidence against ``y`` (which only scores; no ECE without a calibration):
+    what bench/estimate_coverage.py reads from a cell (issue 35's goals)."""
+    out = {"estimate": res.accuracy.refined, "plus_minus": res.accuracy.plus_minus}
+    if res.calibration is not None:
+        out["ece"] = ece(res.calibration.confidence, res.probs.argmax(1) == y)
+    return out
 
 
 def logit(p: np.ndarray | float) -> np.ndarray:

@@ -35,7 +35,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from harness import CELLS, FRESH, GRID, SEEDS, provenance, received_set, softmax, write_json
+from harness import (
+    CELLS,
+    FRESH,
+    GRID,
+    SEEDS,
+    estimate_scored,
+    provenance,
+    received_set,
+    softmax,
+    write_json,
+)
 
 from mrtf.io import H5Dataset, load_received
 from mrtf.refinery import RefineConfig, accuracy_of, newest_locals, refine, teacher_logits
@@ -47,7 +57,8 @@ def _refined(method: str, **extra) -> Callable:
     def run(received, target, seed: int) -> tuple[np.ndarray, dict]:
         res = refine(received, target, RefineConfig(method=method, seed=seed, progress=False,
                                                     **extra))
-        return res.probs, {"info": _jsonable(res.to_dict()), "timings": res.timings}
+        return res.probs, ({"info": _jsonable(res.to_dict()), "timings": res.timings}
+                           | estimate_scored(res, target.labels()))
     return run
 
 

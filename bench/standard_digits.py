@@ -41,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from harness import estimate_scored  # bench/ is on sys.path when run
 
 from mrtf.data import load_standard, split_clients
 from mrtf.federated import Federation, RunConfig, export_received, export_target, simulate
@@ -57,7 +58,6 @@ from mrtf.refinery import (
     shot_adapt,
     teacher_logits,
 )
-from mrtf.trust.metrics import ece
 
 
 @dataclass(frozen=True)
@@ -190,17 +190,8 @@ def _refined(method: str, **extra) -> Method:
         said = {"novelty": None if res.novelty is None else res.novelty.line(),
                 "branch": None if res.branch is None else res.branch.line()}
         return res.probs, ({"timings": res.timings} | {k: v for k, v in said.items() if v}
-                           | estimate_of(res, target.labels()))
+                           | estimate_scored(res, target.labels()))
     return run
-
-
-def estimate_of(res, y: np.ndarray) -> dict:
-    """The label-free estimate ± and the calibrated confidence's ECE (scored here, with y)."""
-    out = {"estimate": res.accuracy.refined, "plus_minus": res.accuracy.plus_minus}
-    if res.calibration is not None:
-        right = res.probs.argmax(1) == y
-        out["ece"] = ece(res.calibration.confidence, right)
-    return out
 
 
 def _ensemble(received, target, seed: int) -> tuple[np.ndarray, dict]:

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture()
 def bench(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # it imports bench/harness.py
     spec = importlib.util.spec_from_file_location("standard_digits",
                                                   ROOT / "bench" / "standard_digits.py")
     mod = importlib.util.module_from_spec(spec)
