@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from mrtf.io import ArraySource
-from mrtf.refinery.adaptive import adaptive_targets
+from mrtf.refinery.adaptive import ConsensusInputs, adaptive_targets, consensus_targets
 from mrtf.refinery.prior_choice import (
     PriorChoice,
     chance_agreement,
@@ -12,6 +12,7 @@ from mrtf.refinery.prior_choice import (
     neighbour_agreement,
 )
 from mrtf.refinery.teachers import stabilized_probs
+from mrtf.refinery.votes import MemoryProbs, SourceStats
 from mrtf.trust.neighbours import target_neighbours
 
 C = 10
@@ -99,3 +100,39 @@ def test_auto_without_neighbourhoods_is_the_learned_prior():
     learned = adaptive_targets(probs, list("abcd"), probs[0], None, class_prior="learned")
     assert auto.prior is None and auto.debias_strength == 0.0
     np.testing.assert_array_equal(auto.targets, learned.targets)
+
+
+def _given(probs, names, shares, neighbours=None):
+    """The consensus with the class shares a user gave (refine: RefineConfig.class_shares)."""
+    stats = SourceStats(probs.shape[0], probs.shape[2])
+    stats.add(probs)
+    return consensus_targets(MemoryProbs(probs), stats, ConsensusInputs(
+        names, probs[0], neighbours=neighbours, class_shares=shares))
+
+
+def test_given_class_shares_aim_the_bias_correction():
+    """Frequencies the user gives: each model's bias is divided out toward them instead of
+    toward an even spread ("given" in place of "uniform"). On a skewed target whose models
+    lean to class 0 as the target does, the even correction moves labels off class 0 and
+    the given one keeps them; "auto" still chooses between it and the learned prior by the
+    target's neighbourhoods, and without them forms the given one alone."""
+    rng = np.random.default_rng(11)
+    counts = [700] + [30] * 9
+    x, y = _blobs(counts, rng)
+    probs = _biased_views(y, rng, bias=0.0, margin=1.0)
+    names = list("abcd")
+    shares = np.asarray(counts, np.float64) / sum(counts)
+    alone = _given(probs, names, shares)
+    uniform = adaptive_targets(probs, names, probs[0], None, class_prior="uniform")
+    learned = adaptive_targets(probs, names, probs[0], None, class_prior="learned")
+    acc = {k: float((v.targets.argmax(1) == y).mean())
+           for k, v in (("given", alone), ("uniform", uniform), ("learned", learned))}
+    assert acc["given"] > max(acc["uniform"], acc["learned"]) + 0.05
+    assert alone.prior is None and alone.debias_strength > 0  # no neighbourhoods: no choice
+    np.testing.assert_allclose(alone.class_shares, shares)
+    chosen = _given(probs, names, shares, target_neighbours(ArraySource(x)))
+    assert chosen.prior.chosen == "given" and set(chosen.prior.agreement) == {"learned", "given"}
+    assert chosen.prior.line().startswith("class prior: given (chosen:")
+    np.testing.assert_array_equal(chosen.targets, alone.targets)
+    even = _given(probs, names, np.full(C, 1 / C))
+    np.testing.assert_allclose(even.targets, uniform.targets, atol=1e-6)  # π even: as uniform

@@ -506,11 +506,11 @@ def test_adapt_vote_adapts_the_vote_where_thetas_adaptation_merged_classes(demo,
 
     checks = []
 
-    def first_collapses(branch, adapted, consensus):
+    def first_collapses(branch, adapted, consensus, prior=None):
         checks.append(branch.by)
         loss = -1.0 if len(checks) == 1 else 1.0  # MAX_SPREAD_LOSS: fail, then pass
         monkeypatch.setattr(branch_choice, "MAX_SPREAD_LOSS", loss)
-        return branch_choice.collapsed_adaptation(branch, adapted, consensus)
+        return branch_choice.collapsed_adaptation(branch, adapted, consensus, prior)
 
     monkeypatch.setattr(branch_choice, "MIN_START_DIVERSITY", 0.0)
     monkeypatch.setattr(adaptive, "collapsed_adaptation", first_collapses)

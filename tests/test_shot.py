@@ -171,3 +171,41 @@ def test_validate_rejects_bad_settings(bad):
 def test_validate_accepts_defaults():
     ShotSettings().validate()
     ShotSettings(beta=0.0, div_weight=0.0, refresh_every=0, cluster_iters=0, steps=0).validate()
+
+
+def test_the_diversity_term_aims_at_the_given_class_shares():
+    """SHOT's Eq. 3 with π: the loss minus the entropy term is KL(p̄ ‖ π), which is 0 where
+    the mean prediction is π; without π it is Σ p̄ log p̄ (KL to an even spread − log C)."""
+    from mrtf.refinery.shot import _loss
+
+    prior = (0.5, 0.3, 0.2)
+    logits = torch.log(torch.tensor([prior, prior]))  # p̄ = π exactly
+    ent = -(torch.tensor(prior) * torch.log(torch.tensor(prior))).sum()
+    told = _loss(logits, None, ShotSettings(class_prior=prior))
+    assert float(told - ent) == pytest.approx(0.0, abs=1e-4)
+    even = _loss(logits, None, ShotSettings())
+    assert float(even - ent) == pytest.approx(-float(ent), abs=1e-4)
+
+
+def test_adapting_with_class_shares_moves_the_mean_prediction_to_them():
+    images = _images(64)
+    skew = (0.55,) + (0.05,) * 9
+    cfg = ShotSettings(steps=40, batch_size=32, lr=1e-3, beta=0.0, div_weight=5.0)
+    shares = []
+    for settings in (cfg, ShotSettings(**{**cfg.__dict__, "class_prior": skew})):
+        model = shot_adapt(_lenet(), images, settings, seed=0)
+        with torch.no_grad():
+            shares.append(float(torch.softmax(model(torch.from_numpy(images.x)), 1)
+                                .mean(0)[0]))
+    assert shares[1] > shares[0] + 0.1
+
+
+@pytest.mark.parametrize("prior", [(1.0,), (0.5, 0.6), (1.0, 0.0), (float("nan"), 1.0)])
+def test_validate_rejects_bad_class_shares(prior):
+    with pytest.raises(InputError, match="class_prior"):
+        ShotSettings(class_prior=prior).validate()
+
+
+def test_class_shares_must_match_the_models_classes():
+    with pytest.raises(InputError, match="3 class shares for a model with 10 classes"):
+        shot_adapt(_lenet(), _images(8), ShotSettings(steps=2, class_prior=(0.2, 0.3, 0.5)))

@@ -72,3 +72,29 @@ def test_debias_spill_equals_in_memory_debias(tmp_path, monkeypatch):
     np.testing.assert_array_equal(got[:, 1], probs[:, 1])  # not live: untouched
     np.testing.assert_array_equal(stats.lo, probs.min(0))
     np.testing.assert_array_equal(stats.hi, probs.max(0))
+
+
+def test_debias_toward_given_shares_on_the_spill_equals_in_memory(tmp_path, monkeypatch):
+    """The class frequencies a user gave: each live source's bias divided out toward them
+    over the spill (SpilledProbs.model_votes), as debias(prior=π) does in memory, which
+    multiplies by π^s what the even correction gives."""
+    from mrtf.refinery.adaptive import debias
+
+    monkeypatch.setattr(sa, "BLOCK", 128)
+    rng = np.random.default_rng(2)
+    probs = _views(rng)
+    prior = np.array([0.4, 0.3, 0.1, 0.1, 0.1])
+    stats = sa.SourceStats(probs.shape[1], probs.shape[2])
+    stats.add(probs.transpose(1, 0, 2))
+    live, s = [0, 1, 3], 0.8
+    with Scratch(tmp_path) as sc:
+        spill = sc.array("p", probs.shape)
+        spill.write(0, probs)
+        sa.SpilledProbs(spill).model_votes(live, s, stats, prior)
+        got = spill[0:len(probs)]
+    for i in live:
+        want = debias(probs[:, i], s, prior=prior)
+        np.testing.assert_allclose(got[:, i], want, atol=1e-6)
+        even = debias(probs[:, i], s) * prior ** s
+        np.testing.assert_allclose(want, even / even.sum(1, keepdims=True), atol=1e-6)
+    np.testing.assert_array_equal(got[:, 2], probs[:, 2])  # not live: untouched

@@ -93,7 +93,9 @@ class AdaptiveTargets:
     consensus: the final Consensus (None when no model was informative).
     debias_strength: s of the sources' class-bias correction (``debias``), 0..1 (0 unless
     the uniform prior was used).
-    prior: with class_prior "auto", which prior was kept and why (prior_choice.py)."""
+    prior: with class_prior "auto", which prior was kept and why (prior_choice.py).
+    class_shares: the target's class shares (C,) the bias correction aimed at, where the
+    user gave them (ConsensusInputs.class_shares); None otherwise."""
 
     targets: np.ndarray
     sources: list[SourceTrust] = field(default_factory=list)
@@ -102,6 +104,7 @@ class AdaptiveTargets:
     consensus: Consensus | None = None
     debias_strength: float = 0.0
     prior: PriorChoice | None = None
+    class_shares: np.ndarray | None = None
 
 
 def input_independent(probs: np.ndarray, tol: float = 1e-6) -> bool:
@@ -137,7 +140,10 @@ class ConsensusInputs:
     all 1). neighbours (M, k): each sample's nearest target samples in the target's own input
     space (mrtf.trust.neighbours.target_neighbours), for class_prior "auto". device: where
     the cluster view's k-means and the EM run (the refine's ``state.dev``; None: CUDA when
-    present); on the CPU, faiss-cpu and numpy as always."""
+    present); on the CPU, faiss-cpu and numpy as always. class_shares (C,): the target's class
+    frequencies as the user gave them (RefineConfig.class_shares); with them each model's
+    class bias is divided out toward them ("given"), not toward an even spread, and "auto"
+    chooses between that and the learned prior (without neighbourhoods: "given")."""
 
     names: Sequence[str]
     self_probs: np.ndarray
@@ -148,6 +154,7 @@ class ConsensusInputs:
     source_weights: Sequence[float] | None = None
     neighbours: np.ndarray | None = None
     device: str | torch.device | None = None
+    class_shares: Sequence[float] | None = None
 
 
 def adaptive_targets(probs: np.ndarray, names: Sequence[str], self_probs: np.ndarray,
@@ -189,13 +196,19 @@ def consensus_targets(store, stats: SourceStats, inputs: ConsensusInputs) -> Ada
         clusters = Clusters(inputs.features, store.classes, inputs.seed, device=inputs.device)
         # learned first: on a spill the uniform prior rewrites the softmax in place
         return keep_one([_one_prior(store, stats, inputs, live, dead, clusters, prior)
-                         for prior in priors_to_form(inputs.class_prior, inputs.neighbours)],
+                         for prior in priors_to_form(inputs.class_prior, inputs.neighbours,
+                                                     inputs.class_shares is not None)],
                         inputs.neighbours)
 
 
-def priors_to_form(class_prior: str, neighbours: np.ndarray | None) -> tuple[str, ...]:
+def priors_to_form(class_prior: str, neighbours: np.ndarray | None, given: bool = False
+                   ) -> tuple[str, ...]:
     """The class priors to form a consensus under: both for "auto" (one, learned, when there
-    are no neighbourhoods to choose with), else the one given."""
+    are no neighbourhoods to choose with), else the one asked for; where the user gave the
+    class frequencies, "given" (the bias divided out toward them) takes uniform's place and
+    is formed alone without neighbourhoods."""
+    if given:
+        return ("given",) if neighbours is None else ("learned", "given")
     if class_prior != "auto":
         return (class_prior,)
     return ("learned",) if neighbours is None else ("learned", "uniform")
@@ -208,8 +221,10 @@ def keep_one(runs: list[AdaptiveTargets], neighbours: np.ndarray | None) -> Adap
     if len(runs) == 1:
         return runs[0]
     assert neighbours is not None
-    choice = choose_prior(runs[0].targets.argmax(1), runs[1].targets.argmax(1), neighbours)
-    out = runs[1] if choice.chosen == "uniform" else runs[0]
+    other = "uniform" if runs[1].class_shares is None else "given"
+    choice = choose_prior(runs[0].targets.argmax(1), runs[1].targets.argmax(1), neighbours,
+                          other)
+    out = runs[1] if choice.chosen == other else runs[0]
     out.prior = choice
     return out
 
@@ -268,9 +283,11 @@ def measured_consensus(votes, nl: int, weights: list[float],
 def _one_prior(store, stats: SourceStats, inputs: ConsensusInputs, live: list[int],
                dead: list[SourceTrust], clusters: Clusters, class_prior: str
                ) -> AdaptiveTargets:
-    """consensus_targets under one class prior ("learned" or "uniform")."""
-    strength = strength_of_counts(stats.counts, live) if class_prior == "uniform" else 0.0
-    votes = store.model_votes(live, strength, stats)
+    """consensus_targets under one class prior ("learned", "uniform" or "given": the bias
+    divided out toward ``inputs.class_shares``)."""
+    shares = None if class_prior != "given" else np.asarray(inputs.class_shares, np.float64)
+    strength = strength_of_counts(stats.counts, live) if class_prior != "learned" else 0.0
+    votes = store.model_votes(live, strength, stats, shares)
     nl, w_models = model_weights(live, store.sources, inputs.num_local, inputs.source_weights)
     models = measured_consensus(votes, nl, w_models, inputs.device)
     conf = models.mean_max_posterior
@@ -282,7 +299,7 @@ def _one_prior(store, stats: SourceStats, inputs: ConsensusInputs, live: list[in
     sources = source_report(final, [inputs.names[i] for i in live], w_models, store.classes,
                             conf, lam, clusters.features is not None)
     return AdaptiveTargets(final.posterior.astype(np.float32), sources + dead, conf, lam, final,
-                           strength)
+                           strength, class_shares=shares)
 
 
 def source_report(final: Consensus, names: Sequence[str], weights: Sequence[float],

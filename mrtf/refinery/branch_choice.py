@@ -38,6 +38,7 @@ same way, and the vote's student, as distilled before SHOT, is what the vote giv
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -45,6 +46,7 @@ import numpy as np
 from mrtf.refinery.adapt_start import StartChoice
 from mrtf.refinery.debias import label_diversity
 from mrtf.refinery.novelty import Novelty
+from mrtf.trust.class_frequencies import spread_against
 
 #: the reason of labels from the vote's student adapted (:func:`adapted_vote`)
 VOTE_THEN_ADAPTED = "vote, then adapted"
@@ -128,6 +130,19 @@ def choose_branch(novelty: Novelty | None, num_local: int,
     return BranchChoice("adapt", by, start_diversity=start_diversity)
 
 
+def spread_of(probs: np.ndarray, prior: Sequence[float] | None = None) -> float:
+    """How far the labels argmax(probs) (M, C) spread over the classes, as a share of ln C:
+    :func:`label_diversity` (against an even spread), or against the class shares ``prior``
+    (mrtf.trust.class_frequencies.spread_against)."""
+    if prior is None:
+        return label_diversity(probs)
+    m, c = probs.shape
+    counts = np.zeros(c, dtype=np.int64)
+    for s in range(0, m, 65_536):  # by blocks, as label_diversity reads a spill
+        counts += np.bincount(np.asarray(probs[s:s + 65_536]).argmax(1), minlength=c)
+    return spread_against(counts / max(1, m), np.asarray(prior, dtype=np.float64))
+
+
 def adapted_vote(branch: BranchChoice) -> BranchChoice:
     """``branch`` (a vote) followed by the vote's student adapted: the labels come from an
     adapted model, read as voted labels with the ± reaching down to the vote's
@@ -135,13 +150,15 @@ def adapted_vote(branch: BranchChoice) -> BranchChoice:
     return BranchChoice("adapt", VOTE_THEN_ADAPTED, None, branch.start_diversity)
 
 
-def collapsed_adaptation(branch: BranchChoice, adapted: np.ndarray, consensus: np.ndarray
-                         ) -> BranchChoice:
+def collapsed_adaptation(branch: BranchChoice, adapted: np.ndarray, consensus: np.ndarray,
+                         prior: Sequence[float] | None = None) -> BranchChoice:
     """``branch`` (an adapt) checked against what the adaptation gave: the vote, by
     'collapsed adaptation', when the ``adapted`` labels' diversity (M, C probabilities) is
     under the ``consensus``' by more than :data:`MAX_SPREAD_LOSS`; else ``branch`` with the two
-    spreads recorded."""
-    spreads = (label_diversity(adapted), label_diversity(consensus))
+    spreads recorded. With the target's class shares ``prior`` (given by the user) both
+    spreads are read against them, 1 − KL(h ‖ π) / ln C (:func:`spread_of`): labels that
+    follow a skewed target are not a collapse."""
+    spreads = (spread_of(adapted, prior), spread_of(consensus, prior))
     if spreads[0] < spreads[1] - MAX_SPREAD_LOSS:
         return BranchChoice("vote", "collapsed adaptation", None, branch.start_diversity,
                             spreads)

@@ -16,7 +16,7 @@ from mrtf.refinery.prior_choice import CLASS_PRIORS
 from mrtf.refinery.registry import METHOD_SPECS, METHODS, MethodOptions, get_method
 from mrtf.refinery.teachers import STACK_MODES
 from mrtf.refinery.variants import VARIANTS
-from mrtf.trust.class_frequencies import check_class_frequencies
+from mrtf.trust.class_frequencies import check_class_frequencies, normalised
 
 #: MrTF's clustered label refinery is skipped for models of the first rounds (the default
 #: of RefineConfig, of the simulator's refinery methods and of the Flower config)
@@ -76,9 +76,13 @@ class RefineConfig:
         informative), 'off' (as given) or a reading: a zoom factor in [0.5, 2] ('0.7'), the
         foreground contrast ('fg') or both ('fg:0.7').
     class_frequencies : the target's class frequencies, one number per class (shares or
-        counts), when known: the label-free estimate then reads the labels' spread over the
-        classes against them instead of an even spread (mrtf.trust.class_frequencies); the
-        labels themselves do not change. None (default): an even spread is assumed.
+        counts), when known. They replace the even spread the default otherwise assumes:
+        the consensus divides each model's class bias out toward them (adaptive.py,
+        "given" in place of "uniform"), SHOT's diversity term pulls the adapted model's
+        mean prediction to them (ShotSettings.class_prior), the adapted labels' spread is
+        checked against them (branch_choice.collapsed_adaptation), and the label-free
+        estimate reads the labels' spread against them (mrtf.trust.class_frequencies).
+        None (default): an even spread.
     method_options : the method's own settings for this run, an instance of the type of its
         registered defaults (``Method.settings``: shot ``ShotSettings``, aad ``AadSettings``,
         nrc ``NrcSettings``, decision ``DecisionSettings``), e.g.
@@ -112,6 +116,13 @@ class RefineConfig:
     input_reading: str = "auto"
     class_frequencies: tuple[float, ...] | None = None
     method_options: MethodOptions | None = None
+
+    @property
+    def class_shares(self) -> tuple[float, ...] | None:
+        """:attr:`class_frequencies` as shares summing to 1 (each floored above 0), or None."""
+        if self.class_frequencies is None:
+            return None
+        return tuple(float(v) for v in normalised(self.class_frequencies))
 
     @property
     def vote_k(self) -> int:
@@ -178,6 +189,9 @@ class RefineConfig:
             raise InputError(str(exc)) from None
         if self.class_frequencies is not None:
             check_class_frequencies(self.class_frequencies)
+        bad(self.class_frequencies is not None and self.class_prior != "auto",
+            f"--class-frequencies sets the class prior; leave --class-prior at auto (got "
+            f"{self.class_prior})")
         self._check_options()
 
     def check_classes(self, num_classes: int) -> None:

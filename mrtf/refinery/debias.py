@@ -33,8 +33,11 @@ def histogram_diversity(counts: np.ndarray) -> float:
     return max(0.0, float(-(hist * np.log(hist)).sum() / np.log(c))) if c > 1 else 0.0
 
 
-def debias(probs: np.ndarray, strength: float, mean: np.ndarray | None = None) -> np.ndarray:
-    """A source's class bias divided out: q'(c|x) ∝ q(c|x) / (mean_x q(c|x))^s, (M, C) float32.
+def debias(probs: np.ndarray, strength: float, mean: np.ndarray | None = None,
+           prior: np.ndarray | None = None) -> np.ndarray:
+    """A source's class bias divided out: q'(c|x) ∝ q(c|x) / (mean_x q(c|x))^s, (M, C) float32;
+    with the target's class shares ``prior`` π (given by the user) q'(c|x) ∝ q(c|x) · (π_c /
+    mean_x q(c|x))^s, Saerens et al.'s correction toward π instead of an even prior.
 
     A model moved to another domain (digits → MNIST) or trained on few classes names a few
     classes far more often than the target holds them, and its Eq. 6 probabilities still rank
@@ -58,8 +61,15 @@ def debias(probs: np.ndarray, strength: float, mean: np.ndarray | None = None) -
         return probs
     if mean is None:
         mean = probs.mean(0, dtype=np.float64)
-    r = probs / np.maximum(np.asarray(mean, np.float64), 1e-8) ** strength
+    r = probs / np.maximum(toward(mean, prior), 1e-8) ** strength
     return (r / r.sum(1, keepdims=True)).astype(np.float32)
+
+
+def toward(mean: np.ndarray, prior: np.ndarray | None) -> np.ndarray:
+    """The divisor of :func:`debias` (float64): a source's mean prediction, over the class
+    shares ``prior`` where given (dividing by mean / π multiplies by π)."""
+    mean = np.asarray(mean, np.float64)
+    return mean if prior is None else mean / np.asarray(prior, np.float64)
 
 
 def debias_strength(views: Sequence[np.ndarray], scale: float = DEBIAS_SCALE) -> float:

@@ -64,10 +64,14 @@ def adapt_settings(model: nn.Module, config: RefineConfig) -> ShotSettings:
     project's: Adam 3e-5 for ``config.steps``: there SHOT's recipe was worse on every
     mnist5k → mnistm5k set (0.536 / 0.493 / 0.482 against 0.562 / 0.533 / 0.520, seeds 0-2;
     SGD at 0.01 over every weight of a network without BatchNorm moves it too far). Both
-    were chosen on those runs (in-sample; docs/benchmarks/standard-digits.md)."""
+    were chosen on those runs (in-sample; docs/benchmarks/standard-digits.md). Either pulls
+    the mean prediction to the target's class shares where the user gave them
+    (``config.class_frequencies``), else to an even spread."""
     if has_batchnorm(model):
-        return replace(ShotSettings.paper(), max_steps=ADAPT_MAX_STEPS)
-    return ShotSettings(steps=config.steps, batch_size=config.batch_size)
+        return replace(ShotSettings.paper(), max_steps=ADAPT_MAX_STEPS,
+                       class_prior=config.class_shares)
+    return ShotSettings(steps=config.steps, batch_size=config.batch_size,
+                        class_prior=config.class_shares)
 
 
 def distil_student(student: nn.Module, source, targets: np.ndarray, config: RefineConfig,

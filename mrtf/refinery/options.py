@@ -26,7 +26,7 @@ def methods_with_options() -> list[str]:
 def option_keys(method: str) -> list[str]:
     """The keys ``method`` takes (its settings' fields); [] for a method without options."""
     own = _method(method).settings
-    return [] if own is None else [f.name for f in fields(own)]
+    return [] if own is None else [f.name for f in _settable(own)]
 
 
 def method_options(method: str, assignments: Sequence[str]) -> MethodOptions | None:
@@ -38,7 +38,7 @@ def method_options(method: str, assignments: Sequence[str]) -> MethodOptions | N
     if own is None:
         raise InputError(f"--option: method {method} takes no options (methods that do: "
                          f"{', '.join(methods_with_options())})")
-    known = {f.name for f in fields(own)}
+    known = {f.name for f in _settable(own)}
     values: dict[str, Any] = {}
     for text in assignments:
         key, sep, value = text.partition("=")
@@ -48,6 +48,12 @@ def method_options(method: str, assignments: Sequence[str]) -> MethodOptions | N
                              f"{', '.join(sorted(known))} (method {method})")
         values[key] = _parse(key, value.strip(), getattr(own, key))
     return replace(own, **values)
+
+
+def _settable(settings) -> list:
+    """The fields ``--option`` sets: all but those another flag sets (metadata option False,
+    e.g. ShotSettings.class_prior from --class-frequencies)."""
+    return [f for f in fields(settings) if f.metadata.get("option", True)]
 
 
 def _method(name: str) -> Method:

@@ -81,7 +81,7 @@ class PriorChoice:
     excess: dict[str, float] = field(default_factory=dict)
 
     def line(self) -> str:
-        other = "learned" if self.chosen == "uniform" else "uniform"
+        other = next(k for k in self.agreement if k != self.chosen)
         return (f"class prior: {self.chosen} (chosen: its labels agree with "
                 f"{self.agreement[self.chosen]:.3f} of their target neighbours, "
                 f"{self.chance[self.chosen]:.3f} by chance; {other} "
@@ -100,13 +100,15 @@ def chance_agreement(labels: np.ndarray) -> float:
     return float((h ** 2).sum())
 
 
-def choose_prior(learned: np.ndarray, uniform: np.ndarray, neighbours: np.ndarray
-                 ) -> PriorChoice:
+def choose_prior(learned: np.ndarray, uniform: np.ndarray, neighbours: np.ndarray,
+                 other: str = "uniform") -> PriorChoice:
     """The prior whose labels (M,) follow the target's neighbourhoods better than chance by
-    more; uniform only when strictly better (a tie keeps the consensus' own, learned, prior)."""
-    labels = {"learned": learned, "uniform": uniform}
+    more; ``uniform`` (the labels of the bias divided out, toward an even spread or, named
+    ``other`` "given", toward the user's class frequencies) only when strictly better (a tie
+    keeps the consensus' own, learned, prior)."""
+    labels = {"learned": learned, other: uniform}
     agree = {k: neighbour_agreement(v, neighbours) for k, v in labels.items()}
     chance = {k: chance_agreement(v) for k, v in labels.items()}
     excess = {k: agree[k] - chance[k] for k in labels}
-    return PriorChoice("uniform" if excess["uniform"] > excess["learned"] else "learned",
+    return PriorChoice(other if excess[other] > excess["learned"] else "learned",
                        agree, chance, excess)

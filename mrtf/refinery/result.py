@@ -23,10 +23,10 @@ from mrtf.trust.reliability import PartyReliability
 
 @dataclass(frozen=True)
 class ClassPriorUsed:
-    """The class prior the adaptive consensus assumed ("learned" or "uniform") and the line
-    ``refine`` says about it. choice: the comparison that kept it (class_prior "auto",
-    prior_choice.py); None when the prior was given (uniform, each model's class bias
-    divided out)."""
+    """The class prior the adaptive consensus assumed ("learned", "uniform" or "given": the
+    class frequencies the user gave) and the line ``refine`` says about it. choice: the
+    comparison that kept it (class_prior "auto", prior_choice.py); None when the prior was
+    given (uniform, or the frequencies; each model's class bias divided out)."""
 
     chosen: str
     line: str

@@ -16,7 +16,7 @@ K = 1 (docs/benchmarks/standard-digits.md).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -56,6 +56,10 @@ class ShotSettings:
         steps each (SHOT: 30), instead of ``steps``.
     max_steps : > 0 caps the steps ``epochs`` gives (a large target: SHOT's 30 passes over a
         million rows would be 470,000 steps); 0 = no cap (SHOT's recipe as published).
+    class_prior : the target's class shares (summing to 1) when the user gave them
+        (``refine --class-frequencies``): the diversity term pulls the mean prediction to
+        them, KL(p̄ ‖ π), where SHOT's Eq. 3 pulls it to an even spread; None (default):
+        SHOT's. Not an ``--option``: refine sets it from the frequencies.
 
     ``ShotSettings()`` is the project's tuned baseline (the adaptive default's SHOT branch);
     :meth:`paper` is SHOT's own digit recipe.
@@ -71,6 +75,7 @@ class ShotSettings:
     optimizer: str = "adam"
     epochs: int = 0
     max_steps: int = 0
+    class_prior: tuple[float, ...] | None = field(default=None, metadata={"option": False})
 
     @classmethod
     def paper(cls, epochs: int = 30) -> ShotSettings:
@@ -109,10 +114,17 @@ class ShotSettings:
              f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}"),
             (self.epochs >= 0, f"epochs must be >= 0 (0 = use steps), got {self.epochs}"),
             (self.max_steps >= 0, f"max_steps must be >= 0 (0 = no cap), got {self.max_steps}"),
+            (self.class_prior is None or _shares(self.class_prior),
+             "class_prior must be at least 2 positive shares summing to 1"),
         ]
         for ok, msg in checks:  # `not ok` (not a negated comparison) also rejects NaN
             if not ok:
                 raise InputError(f"SHOT: {msg}")
+
+
+def _shares(values: tuple[float, ...]) -> bool:
+    return (len(values) >= 2 and all(math.isfinite(v) and v > 0 for v in values)
+            and abs(sum(values) - 1.0) < 1e-6)
 
 
 SHOT_RECIPES = ("mrtf", "paper")
@@ -225,11 +237,17 @@ def _refresh(model: nn.Module, head: nn.Linear, source, iterations: int,
 def _loss(logits: torch.Tensor, labels: torch.Tensor | None, cfg: ShotSettings
           ) -> torch.Tensor:
     """L_ent - div_weight·H(p̄) (SHOT Eq. 2-3; Eq. 3's KL(p̄ ‖ uniform) is -H(p̄) + log C,
-    same gradient) + beta·CE(pseudo-labels)."""
+    same gradient) + beta·CE(pseudo-labels); with ``cfg.class_prior`` π the diversity term
+    is KL(p̄ ‖ π) = -H(p̄) - Σ p̄ log π: Eq. 3 with the target's own class shares in place of
+    the even spread it assumes."""
     p, logp = F.softmax(logits, 1), F.log_softmax(logits, 1)
     ent = -(p * logp).sum(1).mean()
     mean = p.mean(0)
-    loss = ent + cfg.div_weight * (mean * torch.log(mean + _EPS)).sum()
+    log_ratio = torch.log(mean + _EPS)
+    if cfg.class_prior is not None:
+        log_ratio = log_ratio - torch.log(torch.tensor(cfg.class_prior, dtype=mean.dtype,
+                                                       device=mean.device))
+    loss = ent + cfg.div_weight * (mean * log_ratio).sum()
     if labels is not None:
         loss = loss + cfg.beta * F.cross_entropy(logits, labels)
     return loss
@@ -254,6 +272,9 @@ def shot_adapt(model: nn.Module, source, settings: ShotSettings | None = None, s
     cfg.validate()
     dev = pick_device(device)
     head = _last_linear(model)
+    if cfg.class_prior is not None and len(cfg.class_prior) != head.out_features:
+        raise InputError(f"SHOT: {len(cfg.class_prior)} class shares for a model with "
+                         f"{head.out_features} classes")
     home = next(model.parameters()).device  # the caller's model goes back where it was
     model = model.to(dev)
     saved = [(p, p.requires_grad) for p in head.parameters()]

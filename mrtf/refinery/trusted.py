@@ -166,6 +166,9 @@ def class_prior_used(adaptive) -> ClassPriorUsed | None:
     """The class prior the consensus used, and why, with the line ``refine`` prints (None for
     the learned prior when nothing was chosen)."""
     bias = f"each model's class bias divided out (strength {adaptive.debias_strength:.2f})"
+    if adaptive.class_shares is not None and adaptive.prior is None:
+        return ClassPriorUsed("given", f"class prior: the class frequencies given, {bias} "
+                                       f"toward them")
     if adaptive.prior is not None:
         line = adaptive.prior.line()
         return ClassPriorUsed(adaptive.prior.chosen,

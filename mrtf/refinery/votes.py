@@ -35,7 +35,7 @@ from mrtf.refinery.consensus import (
     em,
     statistics,
 )
-from mrtf.refinery.debias import debias, strength_of_counts
+from mrtf.refinery.debias import debias, strength_of_counts, toward
 
 BLOCK = 65_536  # rows per EM block: 65k × 12 sources × 10 classes × 8 B = 63 MB of views
 
@@ -147,11 +147,11 @@ class MemoryProbs:
     def context(self) -> AbstractContextManager:
         return nullcontext()
 
-    def model_votes(self, live: Sequence[int], strength: float, stats: SourceStats
-                    ) -> MemoryModelVotes:
+    def model_votes(self, live: Sequence[int], strength: float, stats: SourceStats,
+                    prior: np.ndarray | None = None) -> MemoryModelVotes:
         """The live sources' views, each source's class bias divided out with ``strength``
-        (its mean prediction taken over the whole array)."""
-        return MemoryModelVotes([debias(self.probs[i], strength) for i in live])
+        (its mean prediction taken over the whole array; toward ``prior`` where given)."""
+        return MemoryModelVotes([debias(self.probs[i], strength, prior=prior) for i in live])
 
 
 class BlockViews:
@@ -311,20 +311,21 @@ class SpilledProbs:
         pool on this loaded 2-core machine ran them at ~0.5 GFLOP/s (44 s for M = 100k)."""
         return _one_blas_thread()
 
-    def model_votes(self, live: Sequence[int], strength: float, stats: SourceStats
-                    ) -> BlockViews:
+    def model_votes(self, live: Sequence[int], strength: float, stats: SourceStats,
+                    prior: np.ndarray | None = None) -> BlockViews:
         """The live sources' votes; with ``strength`` > 0 each one's class bias is first
-        divided out in place with its whole-M mean from ``stats`` (so the learned prior,
-        which reads the spill as it is, runs first)."""
+        divided out in place with its whole-M mean from ``stats`` (toward ``prior`` where
+        given; so the learned prior, which reads the spill as it is, runs first)."""
         if strength > 0:
-            _debias_in_place(self.probs, stats, live, strength)
+            _debias_in_place(self.probs, stats, live, strength, prior)
         return BlockViews(self.probs, live)
 
 
-def _debias_in_place(probs, stats: SourceStats, live: Sequence[int], strength: float) -> None:
+def _debias_in_place(probs, stats: SourceStats, live: Sequence[int], strength: float,
+                     prior: np.ndarray | None = None) -> None:
     """debias of every live source over the spill, on the device ``stats`` was read on."""
     assert stats.class_bias, "SourceStats(class_bias=True) gathers what debias needs"
-    mean = stats.total / max(1, stats.m)
+    mean = toward(stats.total / max(1, stats.m), prior)
     for s in range(0, len(probs), BLOCK):
         block = probs[s:s + BLOCK]
         if stats.device is not None:

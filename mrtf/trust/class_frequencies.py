@@ -9,6 +9,11 @@ user who knows the frequencies can give them, and the spread
 is then measured against them: 1 − KL(h ‖ π) / ln C for the labels' histogram h and the
 given π, which is the entropy of h over ln C when π is even (what the calibrator was fitted
 on: balanced targets). Frequencies that are wrong move the estimate the other way.
+
+The refinery reads the same frequencies wherever else the default assumes an even spread
+(RefineConfig.class_shares): the consensus divides each model's class bias out toward them
+(refinery.debias), SHOT's diversity term aims at them (refinery.shot), and the adapted
+labels' spread is checked against them (refinery.branch_choice).
 """
 
 from __future__ import annotations

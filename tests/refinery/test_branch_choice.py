@@ -100,3 +100,20 @@ def test_an_adaptation_that_empties_classes_gives_way_to_the_vote():
     assert kept.to_dict()["spreads"] == list(kept.spreads)
     # a consensus that is itself collapsed asks no more of the adaptation
     assert collapsed_adaptation(adapt, merged, merged).adapts
+
+
+def test_labels_that_follow_the_given_class_shares_are_no_collapse():
+    """Adapted labels that follow a skewed target spread less than an even consensus; read
+    against the class shares the user gave they are no collapsed adaptation."""
+    from mrtf.refinery.branch_choice import collapsed_adaptation, spread_of
+
+    shares = np.array([0.5, 0.2, 0.1, 0.1, 0.05, 0.05])
+    counts = (shares * 400).astype(int)
+    adapted = np.eye(6)[np.repeat(np.arange(6), counts)]
+    consensus = np.eye(6)[np.arange(400) % 6]  # an even spread
+    assert spread_of(adapted, shares) == pytest.approx(1.0)
+    assert spread_of(consensus, np.full(6, 1 / 6)) == pytest.approx(spread_of(consensus))
+    branch = choose_branch(NEW, 3)
+    assert collapsed_adaptation(branch, adapted, consensus).by == "collapsed adaptation"
+    kept = collapsed_adaptation(branch, adapted, consensus, tuple(shares))
+    assert kept.chosen == "adapt" and kept.spreads[0] > kept.spreads[1]

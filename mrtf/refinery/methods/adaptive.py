@@ -121,14 +121,15 @@ class Adaptive(Distilled):
         config, plan = state.config, state.plan
         assert plan is not None
         k, _, c = state.logits.view.shape
-        stats = SourceStats(k, c, config.class_prior in ("uniform", "auto"), state.dev)
+        stats = SourceStats(k, c, config.class_prior in ("uniform", "auto")
+                            or config.class_shares is not None, state.dev)
         # the generator reads block s+1 only after block s is written back: in place is safe
         for s, q in stabilized_blocks(state.logits.view, config, state.dev):
             stats.add(q)
             state.logits.overwrite(s, q)
         state.adaptive = consensus_targets(state.logits.source_probs(), stats, ConsensusInputs(
             plan.names, state.before, state.features, config.seed, state.num_local,
-            config.class_prior, state.factors, state.neighbours, state.dev))
+            config.class_prior, state.factors, state.neighbours, state.dev, config.class_shares))
         state.timings["clr"] = time.perf_counter() - t0
         return state.adaptive.targets
 
@@ -188,7 +189,7 @@ class Adaptive(Distilled):
         labels = final_probs(adapted, state.source, config.vote_k, config.inference_batch,
                              state.dev, config.stack)
         state.branch = collapsed_adaptation(adapted_vote(state.branch), labels[0],
-                                            state.targets)
+                                            state.targets, config.class_shares)
         if not state.branch.adapts:
             state.labels = vote_labels  # scored already: the report need not vote again
             return voted
@@ -203,7 +204,8 @@ class Adaptive(Distilled):
                                  state.spilled)
         assert state.branch is not None
         state.branch = collapsed_adaptation(replace(state.branch, start=kept.choice),
-                                            kept.labels[0], state.targets)
+                                            kept.labels[0], state.targets,
+                                            state.config.class_shares)
         if not state.branch.adapts:
             return kept.voted
         state.labels = kept.labels  # scored already: the report need not vote again
@@ -218,7 +220,8 @@ class Adaptive(Distilled):
         adapted = adapt_student(start, state.source, config, state.dev, state.spilled)
         labels = final_probs(adapted, state.source, config.vote_k, config.inference_batch,
                              state.dev, config.stack)
-        state.branch = collapsed_adaptation(state.branch, labels[0], state.targets)
+        state.branch = collapsed_adaptation(state.branch, labels[0], state.targets,
+                                            state.config.class_shares)
         if state.branch.adapts:
             state.labels = labels  # scored already: the report need not vote again
             return adapted

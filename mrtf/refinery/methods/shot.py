@@ -4,6 +4,8 @@ digit recipe (shot.py, ``ShotSettings.paper()``: SGD 0.01 with its decay, 30 epo
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from torch import nn
 
 from mrtf.refinery.methods.source_free import SourceFree
@@ -19,5 +21,8 @@ class Shot(SourceFree):
 
     def adapt(self, model: nn.Module, state: RefineState) -> nn.Module:
         config = state.config
-        return shot_adapt(model, state.source, config.options, config.seed, state.dev,
+        settings = config.options  # its diversity term aimed at the given class shares
+        if config.class_shares is not None:
+            settings = replace(settings, class_prior=config.class_shares)
+        return shot_adapt(model, state.source, settings, config.seed, state.dev,
                           config.progress, state.spilled, config.scratch_dir)
