@@ -143,6 +143,7 @@ def test_streaming_trust_leaves_the_poisoned_party_out_as_in_memory(digits_onesh
 
 
 @pytest.mark.parametrize("kw", [dict(class_prior="uniform"), dict(aggregate="median"),
+                                dict(class_frequencies=(3.0, 1.0) * 5),
                                 dict(aggregate="trimmed:0.25"),
                                 dict(method="mrtf", trust=True)])
 def test_streaming_trust_options_equal_in_memory(setup, tmp_path, kw):
@@ -153,6 +154,12 @@ def test_streaming_trust_options_equal_in_memory(setup, tmp_path, kw):
     np.testing.assert_allclose(out.target_probs, mem.target_probs, atol=1e-6)
     np.testing.assert_array_equal(out.probs.argmax(1), mem.probs.argmax(1))
     assert out.parties.aggregate == mem.parties.aggregate
+    if "class_frequencies" in kw:  # the bias divided out toward them, on the spill too
+        assert mem.consensus.class_prior.choice.agreement.keys() == {"learned", "given"}
+        assert out.consensus.class_prior.chosen == mem.consensus.class_prior.chosen
+        # the consensus not kept agrees too: its labels' neighbour agreement on both paths
+        for k, v in mem.consensus.class_prior.choice.agreement.items():
+            assert out.consensus.class_prior.choice.agreement[k] == pytest.approx(v)
     if kw.get("class_prior") == "uniform":
         assert mem.consensus.debias_strength > 0
         assert out.consensus.debias_strength == pytest.approx(mem.consensus.debias_strength)
