@@ -35,6 +35,7 @@ from mrtf.trust.midpoint_estimate import (
     midpoint_for_sure_labels,
     reaches_own_confidence,
     reaching_own_confidence,
+    reaching_the_even_reading,
     reads_midway,
 )
 from mrtf.trust.neighbours import target_neighbours
@@ -89,15 +90,12 @@ def calibrated(probs: np.ndarray, before: np.ndarray, signals,
     (:func:`read_as_voted`) the calibrator reads as mostly right are read midway too; in
     its middle band the ± reaches the labels' own confidence. Each sample's confidence then
     keeps its rank under the calibrator and takes the tempered model's value of that rank
-    (confidence_shape.py)."""
-    # the temperature is fitted once, to the estimate that is printed (50 passes over probs)
-    cal = calibration_of(probs, signals, device, fit_temperature=False)
-    if signals is not None and vote_probs is not None:
-        cal = _read_down_to_the_vote(cal, probs, vote_probs, signals, device)
-    elif signals is not None and adapted:
-        cal = midpoint_for_adapted(cal, probs, device)
-    elif signals is not None:
-        cal = read_as_voted(cal, probs, device)
+    (confidence_shape.py). With the user's class frequencies (``signals.class_prior``) the
+    ± reaches the estimate read without them (midpoint_estimate.reaching_the_even_reading)."""
+    cal = _read(probs, signals, device, adapted, vote_probs)
+    if signals is not None and signals.class_prior is not None:
+        even = _read(probs, replace(signals, class_prior=None), device, adapted, vote_probs)
+        cal = reaching_the_even_reading(cal, even.estimated_accuracy)
     if signals is not None:
         cal = tempered_in_calibrators_order(cal, probs)
     cal = with_piles_named(cal, probs, None if signals is None else signals.class_prior)
@@ -105,6 +103,20 @@ def calibrated(probs: np.ndarray, before: np.ndarray, signals,
         calibration_of(before, signals, device, fit_temperature=False).estimated_accuracy
     return cal, AccuracyEstimate(cal.estimated_accuracy, cal.plus_minus, cal.method, averaged,
                                  consensus_view)
+
+
+def _read(probs: np.ndarray, signals, device: str | torch.device, adapted: bool,
+          vote_probs: np.ndarray | None):
+    """:func:`calibrated`'s reading of the labels by the rule their origin calls for."""
+    # the temperature is fitted once, to the estimate that is printed (50 passes over probs)
+    cal = calibration_of(probs, signals, device, fit_temperature=False)
+    if signals is not None and vote_probs is not None:
+        return _read_down_to_the_vote(cal, probs, vote_probs, signals, device)
+    if signals is not None and adapted:
+        return midpoint_for_adapted(cal, probs, device)
+    if signals is not None:
+        return read_as_voted(cal, probs, device)
+    return cal
 
 
 def with_piles_named(cal, probs: np.ndarray, prior: np.ndarray | None):

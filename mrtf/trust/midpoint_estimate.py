@@ -179,3 +179,18 @@ def reaching_own_confidence(cal: Calibration, probs: np.ndarray) -> Calibration:
             f"{own:.3f}; readings this far apart say the calibrator can be off as far: the ± "
             "reaches the other")
     return replace(cal, plus_minus=pm, notes=[*cal.notes, line])
+
+
+def reaching_the_even_reading(cal: Calibration, even: float) -> Calibration:
+    """``cal``, read with the class frequencies the user gave, with its ± reaching ``even``,
+    the estimate read as if the classes were balanced (the estimate stays). The calibrator
+    was fitted on balanced targets, where the two readings are one; on a skewed target the
+    given frequencies lift its reading where the labels follow them, and how far that holds
+    rests on few sets (it read high with a ± too narrow on some:
+    docs/benchmarks/class-frequencies.md). Said in the notes when it widens."""
+    pm = max(cal.plus_minus, abs(even - cal.estimated_accuracy))
+    if pm <= cal.plus_minus:
+        return cal
+    line = (f"read as if the classes were balanced, the estimate would be {even:.3f}: the ± "
+            "reaches it")
+    return replace(cal, plus_minus=pm, notes=[*cal.notes, line])

@@ -100,6 +100,22 @@ def test_the_calibrator_reads_the_spread_against_the_given_frequencies():
         even.estimated_accuracy - 0.01
 
 
+@pytest.mark.parametrize("adapted", [False, True])
+def test_the_printed_interval_reaches_the_reading_without_the_frequencies(adapted):
+    """refine's reading (trusted.calibrated) with the frequencies given: the estimate is the
+    one read against them, its ± reaches the one read as if the classes were balanced."""
+    from mrtf.refinery.trusted import calibrated
+
+    s, probs, counts = _skewed()
+    _, plain = calibrated(probs, probs, s, None, adapted=adapted)
+    s.class_prior = normalised(counts)
+    cal, told = calibrated(probs, probs, s, None, adapted=adapted)
+    assert told.refined > plain.refined + 0.005  # the frequencies lift the reading
+    assert told.plus_minus >= told.refined - plain.refined - 1e-12
+    assert told.refined - told.plus_minus <= plain.refined
+    assert any("as if the classes were balanced" in n for n in cal.notes)
+
+
 def test_refine_takes_the_given_frequencies_as_its_class_prior(digits_federation, tmp_path):
     """The real command: the consensus' bias correction aims at the frequencies ("given"),
     and the estimate says it read them; on this balanced target the labels stay nearly the

@@ -6,6 +6,7 @@ middle band its ± reaches the labels' own confidence."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from mrtf.trust.calibration import Calibration, apply_temperature, band_error
 from mrtf.trust.midpoint_estimate import (
@@ -18,6 +19,7 @@ from mrtf.trust.midpoint_estimate import (
     midpoint_plus_minus,
     reaches_own_confidence,
     reaching_own_confidence,
+    reaching_the_even_reading,
     reads_midway,
     shared_error,
     shifted_to_mean,
@@ -160,3 +162,12 @@ def test_the_adapted_votes_interval_reaches_down_to_the_votes() -> None:
     assert "0.630 ± 0.200" in out.notes[-1] and "reaches down to the vote's" in out.notes[-1]
     # a vote whose interval starts higher widens nothing: the labels' own reading stands
     assert down_to_the_vote(read, _cal(np.full(1000, 0.85), 0.05), _probs(0.95)) is read
+
+
+def test_the_interval_reaches_the_even_reading_only_where_it_lies_outside():
+    cal = _cal(np.full(400, 0.99), 0.008)
+    wide = reaching_the_even_reading(cal, 0.96)
+    assert wide.estimated_accuracy == cal.estimated_accuracy  # the estimate stays
+    assert wide.plus_minus == pytest.approx(0.03, abs=1e-6)
+    assert "0.960" in wide.notes[-1]
+    assert reaching_the_even_reading(cal, 0.985) is cal  # inside already: unchanged
