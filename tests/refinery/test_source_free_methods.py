@@ -100,3 +100,21 @@ def test_streaming_gives_the_same_labels(method, digits_federation, tmp_path):
     assert out.streaming and not mem.streaming
     np.testing.assert_array_equal(out.probs, mem.probs)
     assert list(tmp_path.iterdir()) == []  # the scratch folder is gone
+
+
+def test_shot_aims_its_diversity_term_at_the_given_class_frequencies(digits_federation,
+                                                                     monkeypatch):
+    """--method shot with --class-frequencies: SHOT runs with the frequencies as its class
+    shares (the rest of its recipe as registered)."""
+    import mrtf.refinery.methods.shot as shot_method
+
+    seen = []
+    monkeypatch.setattr(shot_method, "shot_adapt",
+                        lambda model, source, settings, *a: seen.append(settings) or model)
+    received = load_received(digits_federation[0])
+    counts = (2.0,) * 5 + (1.0,) * 5
+    with H5Dataset(digits_federation[1]) as target:
+        refine(received, target, _cfg("shot", class_frequencies=counts))
+    (settings,) = seen
+    assert settings.class_prior == pytest.approx((2 / 15,) * 5 + (1 / 15,) * 5)
+    assert settings.epochs == METHOD_SPECS["shot"].settings.epochs
