@@ -106,8 +106,9 @@ def report(paths: list[Path]) -> None:
     for key, row in sorted(rows.items()):
         groups.setdefault(group_of(key), []).append(row)
     print("| sets | target | n | accuracy: even → given | given better / worse (> 0.5 pt) "
-          "| estimate error: even → given (points) | truth inside ± | median ECE |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| estimate error: even → given (points) | truth inside ± | median ECE "
+          "| median ± (points) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, rs in sorted(groups.items()):
         sets, kind = name.split(" | ")
         acc = [np.mean([r[v]["accuracy"] for r in rs]) for v in ("even", "given")]
@@ -117,10 +118,12 @@ def report(paths: list[Path]) -> None:
         inside = [sum(abs(r[v]["estimate"] - r[v]["accuracy"]) <= r[v]["plus_minus"]
                       for r in rs) for v in ("even", "given")]
         ece = [statistics.median(r[v]["ece"] for r in rs) for v in ("even", "given")]
+        half = [100 * statistics.median(r[v]["plus_minus"] for r in rs)
+                for v in ("even", "given")]
         print(f"| {sets} | {kind} | {len(rs)} | {acc[0]:.3f} → **{acc[1]:.3f}** | "
               f"{sum(d > 0.005 for d in diff)} / {sum(d < -0.005 for d in diff)} | "
               f"{err[0]:+.1f} → {err[1]:+.1f} | {inside[0]} → {inside[1]} | "
-              f"{ece[0]:.3f} → {ece[1]:.3f} |")
+              f"{ece[0]:.3f} → {ece[1]:.3f} | {half[0]:.1f} → {half[1]:.1f} |")
 
 
 def main() -> None:

@@ -52,4 +52,4 @@ def test_report_groups_sets_and_compares_the_two_refines(monkeypatch, tmp_path, 
     line = [r for r in capsys.readouterr().out.splitlines() if "mnist-usps k10" in r][0]
     cols = [c.strip() for c in line.strip("|").split("|")]
     assert cols[:5] == ["mnist-usps k10 default", "skew", "2", "0.800 → **0.900**", "2 / 0"]
-    assert cols[5] == "-10.0 → -2.0" and cols[6] == "0 → 2"
+    assert cols[5] == "-10.0 → -2.0" and cols[6] == "0 → 2" and cols[8] == "5.0 → 5.0"
