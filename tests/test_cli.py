@@ -190,6 +190,8 @@ def test_refine_label_score_end_to_end(simulated, tmp_path):
       "1,-1,1,1,1,1,1,1,1,1"], "non-negative"),
     (["--model", "{tmp}/m.safetensors", "--class-frequencies", "1,1,1,1,1,1,1,1,1,1"],
      "apply with --data only"),
+    (["--data", "{root}/target.h5", "--labels", "{tmp}/l.h5", "--class-frequencies",
+      "1,1,1,1,1,1,1,1,1,1", "--class-prior", "uniform"], "leave --class-prior at auto"),
 ])
 def test_refine_bad_input(simulated, tmp_path, extra, message):
     root, _ = simulated
