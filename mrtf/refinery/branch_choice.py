@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from mrtf.refinery.adapt_start import StartChoice
-from mrtf.refinery.debias import label_diversity
+from mrtf.refinery.debias import label_counts, label_diversity
 from mrtf.refinery.novelty import Novelty
 from mrtf.trust.class_frequencies import spread_against
 
@@ -136,11 +136,8 @@ def spread_of(probs: np.ndarray, prior: Sequence[float] | None = None) -> float:
     (mrtf.trust.class_frequencies.spread_against)."""
     if prior is None:
         return label_diversity(probs)
-    m, c = probs.shape
-    counts = np.zeros(c, dtype=np.int64)
-    for s in range(0, m, 65_536):  # by blocks, as label_diversity reads a spill
-        counts += np.bincount(np.asarray(probs[s:s + 65_536]).argmax(1), minlength=c)
-    return spread_against(counts / max(1, m), np.asarray(prior, dtype=np.float64))
+    counts = label_counts(probs)
+    return spread_against(counts / max(1, len(probs)), np.asarray(prior, dtype=np.float64))
 
 
 def adapted_vote(branch: BranchChoice) -> BranchChoice:

@@ -17,11 +17,17 @@ def label_diversity(probs: np.ndarray, block: int = 65_536) -> float:
     0 when it names one class for every sample, 1 when it names every class equally often.
     Read ``block`` rows at a time (no (M,) label array for a spilled or memory-mapped
     ``probs``)."""
+    return histogram_diversity(label_counts(probs, block))
+
+
+def label_counts(probs: np.ndarray, block: int = 65_536) -> np.ndarray:
+    """(C,) int64: how many of the M rows of ``probs`` (M, C) name each class, read ``block``
+    rows at a time."""
     m, c = probs.shape
     counts = np.zeros(c, dtype=np.int64)
     for s in range(0, m, block):
         counts += np.bincount(np.asarray(probs[s:s + block]).argmax(1), minlength=c)
-    return histogram_diversity(counts)
+    return counts
 
 
 def histogram_diversity(counts: np.ndarray) -> float:
