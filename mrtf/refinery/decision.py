@@ -15,11 +15,13 @@ All φ_j and a are trained on
     L = L_ent + div_weight · L_div + β · L_pl
 
 L_ent = -E_x Σ_k δ_k(θ_T(x)) log δ_k(θ_T(x)), L_div = Σ_k p̄_k log p̄_k with p̄ = E_x δ(θ_T(x))
-(SHOT's information maximisation, on the combination), and L_pl = CE(θ_T(x), ŷ(x)) to the
-"weighted pseudo-labels" ŷ of :func:`weighted_pseudo_labels`, refreshed once per epoch with
-the α of that moment (the code re-weights its stored features with the current α at every
-step). The labels are the argmax of δ(θ_T(x)) with the final α. The target's ``y`` is never
-read. docs/decision.md lists every difference from the authors' code.
+(SHOT's information maximisation, on the combination; with the target's class shares π the
+user gave, ``DecisionSettings.class_prior``, L_div = Σ_k p̄_k log(p̄_k / π_k) = KL(p̄ ‖ π),
+prior_diversity.py), and L_pl = CE(θ_T(x), ŷ(x)) to the "weighted pseudo-labels" ŷ of
+:func:`weighted_pseudo_labels`, refreshed once per epoch with the α of that moment (the code
+re-weights its stored features with the current α at every step). The labels are the argmax
+of δ(θ_T(x)) with the final α. The target's ``y`` is never read. docs/decision.md lists every
+difference from the authors' code.
 
 Cost (``DecisionSettings``): one optimiser step runs every source on the same batch (a shared
 data pass); the pseudo-labels are refreshed once per epoch by one eval-mode pass per source.
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -48,6 +50,12 @@ from mrtf.models import has_batchnorm
 from mrtf.refinery.cluster import prototypes
 from mrtf.refinery.distill import _batches, gather_rows
 from mrtf.refinery.placement import home_device
+from mrtf.refinery.prior_diversity import (
+    PRIOR_RULE,
+    check_prior_classes,
+    mean_diversity,
+    valid_prior,
+)
 from mrtf.refinery.shot import _last_linear, _with_one, shot_pseudo_labels
 from mrtf.schedule import anneal, shot_sgd
 
@@ -71,6 +79,10 @@ class DecisionSettings:
         ceil(sample_budget / M), at least 1 and at most ``max_epochs``. A cost choice
         (module docstring), not a tuned one.
     max_epochs : the authors' code default, 15.
+    class_prior : the target's class shares π (summing to 1) when the user gave them
+        (``refine --class-frequencies``): L_div aims the combination's mean prediction at
+        them, KL(p̄ ‖ π), where DECISION's aims at an even spread; None (default):
+        DECISION's. Not an ``--option``: refine sets it from the frequencies.
     """
 
     lr: float = 0.01
@@ -79,6 +91,7 @@ class DecisionSettings:
     batch_size: int = 32
     sample_budget: int = 40_000
     max_epochs: int = 15
+    class_prior: tuple[float, ...] | None = field(default=None, metadata={"option": False})
 
     def epochs(self, m: int) -> int:
         """Passes over a target of ``m`` samples."""
@@ -96,6 +109,7 @@ class DecisionSettings:
             (self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}"),
             (self.sample_budget >= 0, f"sample_budget must be >= 0, got {self.sample_budget}"),
             (self.max_epochs >= 1, f"max_epochs must be >= 1, got {self.max_epochs}"),
+            (valid_prior(self.class_prior), PRIOR_RULE),
         ]
         for ok, msg in checks:  # `not ok` also rejects NaN
             if not ok:
@@ -123,12 +137,12 @@ def combine(logits: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
 def decision_loss(logits: torch.Tensor, alpha: torch.Tensor, labels: torch.Tensor | None,
                   settings: DecisionSettings) -> torch.Tensor:
     """L_ent + div_weight · L_div (+ β · L_pl when ``labels``) on θ_T = :func:`combine`
-    (module docstring); logits (K, B, C) of the sources on one batch."""
+    (module docstring); logits (K, B, C) of the sources on one batch. L_div is -H(p̄), or
+    KL(p̄ ‖ π) with ``settings.class_prior`` π (prior_diversity.py)."""
     z = combine(logits, alpha)
     p, logp = F.softmax(z, 1), F.log_softmax(z, 1)
     ent = -(p * logp).sum(1).mean()  # L_ent
-    mean = p.mean(0)
-    loss = ent + settings.div_weight * (mean * torch.log(mean + _EPS)).sum()  # L_div = -H(p̄)
+    loss = ent + settings.div_weight * mean_diversity(p.mean(0), _EPS, settings.class_prior)
     if labels is not None:
         loss = loss + settings.beta * F.cross_entropy(z, labels)  # L_pl
     return loss
@@ -243,7 +257,8 @@ def decision_adapt(models: Sequence[nn.Module], source, settings: DecisionSettin
     """Adapt ``models`` (changed in place: give copies) together to the unlabeled ``source``
     (H5Dataset / ArraySource) with DECISION (module docstring). Every model needs a last
     ``nn.Linear`` (its head, frozen; its ``requires_grad`` restored) and all must predict the
-    same classes. Deterministic given ``seed``; FusionError on a non-finite loss."""
+    same classes, one share of ``settings.class_prior`` each when given (else InputError).
+    Deterministic given ``seed``; FusionError on a non-finite loss."""
     cfg = settings or DecisionSettings()
     cfg.validate()
     if not models:
@@ -255,6 +270,7 @@ def decision_adapt(models: Sequence[nn.Module], source, settings: DecisionSettin
     heads = [_last_linear(mod) for mod in models]
     if len({h.out_features for h in heads}) != 1:
         raise InputError("DECISION: the source models predict different numbers of classes")
+    check_prior_classes("DECISION", cfg.class_prior, heads[0].out_features)
     saved = [(p, p.requires_grad) for h in heads for p in h.parameters()]
     for p, _ in saved:
         p.requires_grad_(False)  # the source hypotheses ψ_j are kept (as SHOT)

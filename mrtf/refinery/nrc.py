@@ -6,8 +6,9 @@ Each sample's softmax p_i is pulled towards the banked scores S of its K nearest
 with affinity A_ik = 1 when the neighbour k has i among its own KK nearest (reciprocal) and
 r otherwise (L_N), and towards the scores of its neighbours' KK nearest neighbours, the
 expanded neighbourhood, with affinity r (L_E); a diversity term keeps the mean prediction
-p̄ away from one class (L_div = KL(p̄ ‖ uniform), up to its constant log C). In the paper's
-notation (its PDF was not at hand here, so its terms are named, not numbered):
+p̄ away from one class (L_div = KL(p̄ ‖ uniform), up to its constant log C; KL(p̄ ‖ π) when
+the user gave the target's class shares π, ``NrcSettings.class_prior``, prior_diversity.py).
+In the paper's notation (its PDF was not at hand here, so its terms are named, not numbered):
 
     L = L_div + L_N + L_E,
     L_N = −mean_i Σ_{k∈N_K(i)} A_ik S_k·p_i,   L_E = −mean_i Σ_{k∈N_K(i)} Σ_{m∈E_KK(k)} r S_m·p_i.
@@ -36,7 +37,7 @@ banks, neighbours and schedule are neighbourhood.py's. The target's ``y`` is nev
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -47,7 +48,14 @@ from mrtf.refinery.neighbourhood import (
     adapt_with_banks,
     attraction,
     check_recipe,
+    classifier_head,
     nearest,
+)
+from mrtf.refinery.prior_diversity import (
+    PRIOR_RULE,
+    check_prior_classes,
+    mean_diversity,
+    valid_prior,
 )
 from mrtf.schedule import epoch_steps
 
@@ -62,7 +70,10 @@ class NrcSettings:
     runs: 0.1, the default; the paper: 1; see the module's note). eps : inside log p̄
     (``--epsilon 1e-5``). epochs, batch_size : SHOT's digit 30 (the VisDA code's
     ``--max_epoch 15``), ``--batch_size 64``. lr : SGD's initial learning rate for every
-    parameter (SHOT's digit 0.01).
+    parameter (SHOT's digit 0.01). class_prior : the target's class shares π (summing to 1)
+    when the user gave them (``refine --class-frequencies``): L_div is KL(p̄ ‖ π) where NRC's
+    is KL(p̄ ‖ uniform) less log C; None (default): NRC's. Not an ``--option``: refine sets it
+    from the frequencies.
     """
 
     k: int = 5
@@ -73,6 +84,7 @@ class NrcSettings:
     epochs: int = 30
     batch_size: int = 64
     lr: float = 0.01
+    class_prior: tuple[float, ...] | None = field(default=None, metadata={"option": False})
 
     def num_steps(self, m: int) -> int:
         return epoch_steps(self.epochs, self.batch_size, m)
@@ -83,7 +95,8 @@ class NrcSettings:
                          f"k and kk must be >= 1, got {self.k} and {self.kk}"),
                         (0 <= self.r < math.inf and 0 <= self.mutual < math.inf,
                          f"r and mutual must be finite and >= 0, got {self.r} and {self.mutual}"),
-                        (0 < self.eps < math.inf, f"eps must be finite and > 0, got {self.eps}")]:
+                        (0 < self.eps < math.inf, f"eps must be finite and > 0, got {self.eps}"),
+                        (valid_prior(self.class_prior), PRIOR_RULE)]:
             if not ok:
                 raise InputError(f"NRC: {msg}")
 
@@ -96,11 +109,12 @@ def reciprocal_affinity(rows: torch.Tensor, neighbours_of_neighbours: torch.Tens
     return torch.where(is_mutual, mutual, r).to(torch.float32)
 
 
-def diversity(probs: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+def diversity(probs: torch.Tensor, eps: float = 1e-5,
+              prior: tuple[float, ...] | None = None) -> torch.Tensor:
     """L_div: Σ_c p̄_c log(p̄_c + ε), p̄ the batch's mean softmax (B, C); KL(p̄ ‖ uniform) less
-    its constant log C."""
-    mean = probs.mean(0)
-    return (mean * torch.log(mean + eps)).sum()
+    its constant log C. With the target's class shares ``prior`` π: Σ_c p̄_c log((p̄_c + ε) /
+    π_c), KL(p̄ ‖ π), smallest at p̄ = π rather than at the even spread NRC assumes."""
+    return mean_diversity(probs.mean(0), eps, prior)
 
 
 def nrc_loss(probs: torch.Tensor, near_scores: torch.Tensor, affinity: torch.Tensor,
@@ -108,7 +122,8 @@ def nrc_loss(probs: torch.Tensor, near_scores: torch.Tensor, affinity: torch.Ten
     """L = L_div + L_N + L_E: probs (B, C), the neighbours' banked scores (B, K, C) and their
     affinity (B, K), the expanded neighbours' scores (B, K·KK, C), each with affinity r."""
     expanded = torch.full(expanded_scores.shape[:2], settings.r, device=probs.device)
-    return (diversity(probs, settings.eps) + attraction(probs, near_scores, affinity)
+    return (diversity(probs, settings.eps, settings.class_prior)
+            + attraction(probs, near_scores, affinity)
             + attraction(probs, expanded_scores, expanded))
 
 
@@ -135,8 +150,10 @@ def nrc_objective(settings: NrcSettings):
 def nrc_adapt(model: nn.Module, source, settings: NrcSettings | None = None, seed: int = 0,
               device: torch.device | str | None = None, progress: bool = False) -> nn.Module:
     """Adapt ``model`` in place (no copy) to the unlabeled ``source`` (H5Dataset/ArraySource)
-    with NRC; returned in eval mode on the device it came on. Deterministic given ``seed``."""
+    with NRC; returned in eval mode on the device it came on. Deterministic given ``seed``.
+    InputError (one line) when ``settings.class_prior`` does not give one share per class."""
     cfg = settings or NrcSettings()
     cfg.validate()
+    check_prior_classes("NRC", cfg.class_prior, classifier_head(model, "NRC").out_features)
     return adapt_with_banks(model, source, nrc_objective(cfg), cfg, seed, device, progress,
                             "NRC")

@@ -28,6 +28,12 @@ from mrtf.errors import FusionError, InputError
 from mrtf.models import has_batchnorm
 from mrtf.refinery.cluster import prototypes
 from mrtf.refinery.distill import _batches, gather_rows
+from mrtf.refinery.prior_diversity import (
+    PRIOR_RULE,
+    check_prior_classes,
+    mean_diversity,
+    valid_prior,
+)
 from mrtf.schedule import adam, anneal, epoch_steps, shot_sgd
 
 _EPS = 1e-5  # inside log(mean prediction), as SHOT's code: finite when a class mean is 0
@@ -114,17 +120,11 @@ class ShotSettings:
              f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}"),
             (self.epochs >= 0, f"epochs must be >= 0 (0 = use steps), got {self.epochs}"),
             (self.max_steps >= 0, f"max_steps must be >= 0 (0 = no cap), got {self.max_steps}"),
-            (self.class_prior is None or _shares(self.class_prior),
-             "class_prior must be at least 2 positive shares summing to 1"),
+            (valid_prior(self.class_prior), PRIOR_RULE),
         ]
         for ok, msg in checks:  # `not ok` (not a negated comparison) also rejects NaN
             if not ok:
                 raise InputError(f"SHOT: {msg}")
-
-
-def _shares(values: tuple[float, ...]) -> bool:
-    return (len(values) >= 2 and all(math.isfinite(v) and v > 0 for v in values)
-            and abs(sum(values) - 1.0) < 1e-6)
 
 
 SHOT_RECIPES = ("mrtf", "paper")
@@ -239,15 +239,10 @@ def _loss(logits: torch.Tensor, labels: torch.Tensor | None, cfg: ShotSettings
     """L_ent - div_weight·H(p̄) (SHOT Eq. 2-3; Eq. 3's KL(p̄ ‖ uniform) is -H(p̄) + log C,
     same gradient) + beta·CE(pseudo-labels); with ``cfg.class_prior`` π the diversity term
     is KL(p̄ ‖ π) = -H(p̄) - Σ p̄ log π: Eq. 3 with the target's own class shares in place of
-    the even spread it assumes."""
+    the even spread it assumes (prior_diversity.py)."""
     p, logp = F.softmax(logits, 1), F.log_softmax(logits, 1)
     ent = -(p * logp).sum(1).mean()
-    mean = p.mean(0)
-    log_ratio = torch.log(mean + _EPS)
-    if cfg.class_prior is not None:
-        log_ratio = log_ratio - torch.log(torch.tensor(cfg.class_prior, dtype=mean.dtype,
-                                                       device=mean.device))
-    loss = ent + cfg.div_weight * (mean * log_ratio).sum()
+    loss = ent + cfg.div_weight * mean_diversity(p.mean(0), _EPS, cfg.class_prior)
     if labels is not None:
         loss = loss + cfg.beta * F.cross_entropy(logits, labels)
     return loss
@@ -272,9 +267,7 @@ def shot_adapt(model: nn.Module, source, settings: ShotSettings | None = None, s
     cfg.validate()
     dev = pick_device(device)
     head = _last_linear(model)
-    if cfg.class_prior is not None and len(cfg.class_prior) != head.out_features:
-        raise InputError(f"SHOT: {len(cfg.class_prior)} class shares for a model with "
-                         f"{head.out_features} classes")
+    check_prior_classes("SHOT", cfg.class_prior, head.out_features)
     home = next(model.parameters()).device  # the caller's model goes back where it was
     model = model.to(dev)
     saved = [(p, p.requires_grad) for p in head.parameters()]

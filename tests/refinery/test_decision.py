@@ -69,6 +69,42 @@ def test_loss_is_entropy_minus_diversity_plus_beta_ce_of_the_weighted_logits():
     assert float(one) == pytest.approx(float(want), rel=1e-9)
 
 
+def test_the_diversity_term_aims_at_the_given_class_shares():
+    """L_div with the target's shares π: Σ p̄ log(p̄ / π) = KL(p̄ ‖ π), 0 at p̄ = π (up to ε);
+    the loss is today's when none are given."""
+    prior = (0.5, 0.3, 0.2)
+    z = torch.log(torch.tensor([prior] * 4, dtype=torch.float64))  # every row's softmax is π
+    logits = torch.stack([z, z])
+    alpha = torch.tensor([0.4, 0.6], dtype=torch.float64)
+    ent = -sum(v * np.log(v) for v in prior)
+    told = decision_loss(logits, alpha, None, DecisionSettings(class_prior=prior))
+    assert float(told) == pytest.approx(ent, abs=1e-4)  # L_div = KL(π ‖ π) ≈ 0
+    even = decision_loss(logits, alpha, None, DecisionSettings())
+    assert float(even) == pytest.approx(0.0, abs=1e-4)  # L_ent + Σ π log π = H - H
+    rng = np.random.default_rng(2)
+    t = torch.tensor(rng.normal(size=(2, 5, 3)) * 2)
+    p = F.softmax(torch.einsum("k,kbc->bc", alpha, t), 1)
+    mean = p.mean(0)
+    ent = -(p * p.log()).sum(1).mean()
+    pi = torch.tensor(prior, dtype=torch.float64)
+    want = ent + 0.5 * (mean * torch.log((mean + 1e-5) / pi)).sum()
+    got = decision_loss(t, alpha, None, DecisionSettings(div_weight=0.5, class_prior=prior))
+    assert float(got) == pytest.approx(float(want), rel=1e-9)
+
+
+@pytest.mark.parametrize("prior", [(1.0,), (0.5, 0.6), (1.0, 0.0), (float("nan"), 1.0)])
+def test_settings_refuse_bad_class_shares(prior):
+    with pytest.raises(InputError, match="DECISION: class_prior must be"):
+        DecisionSettings(class_prior=prior).validate()
+
+
+def test_class_shares_must_match_the_models_classes():
+    models = [nn.Sequential(nn.Flatten(), nn.Linear(4, 3)) for _ in range(2)]
+    source = ArraySource(np.zeros((4, 4), np.float32))
+    with pytest.raises(InputError, match="DECISION: 2 class shares for a model with 3 classes"):
+        decision_adapt(models, source, DecisionSettings(class_prior=(0.5, 0.5)))
+
+
 def _two_sources(widths=(4, 4), m=60, c=3, seed=1):
     rng = np.random.default_rng(seed)
     truth = rng.integers(0, c, m)

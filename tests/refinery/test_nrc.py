@@ -42,6 +42,49 @@ def test_diversity_is_the_mean_predictions_negative_entropy():
     assert float(diversity(uniform, 0.0)) == pytest.approx(-np.log(4))  # its minimum
 
 
+def test_diversity_with_class_shares_is_kl_to_them_and_smallest_there():
+    """NRC's L_div with the target's shares π: Σ p̄ log(p̄ / π), KL(p̄ ‖ π), 0 with no
+    gradient at p̄ = π (up to ε) where the even spread's term is not; without π it is the
+    term as before, bit for bit."""
+    prior = (0.5, 0.3, 0.2)
+    p = _probs(5, 3)
+    mean = p.mean(0).numpy()
+    want = float((mean * np.log((mean + 1e-5) / np.array(prior))).sum())
+    assert float(diversity(p, 1e-5, prior)) == pytest.approx(want, abs=1e-6)
+    at_prior = torch.tensor([prior, prior], dtype=torch.float64, requires_grad=True)
+    kl = diversity(at_prior, 0.0, prior)
+    kl.backward()
+    assert float(kl.detach()) == pytest.approx(0.0, abs=1e-12)
+    # the gradient along the simplex (its mean removed: Σ p̄ = 1) is 0 at p̄ = π
+    g = at_prior.grad.sum(0)
+    np.testing.assert_allclose(g - g.mean(), 0.0, atol=1e-12)
+    assert float(diversity(at_prior.detach(), 0.0)) < -0.9  # the even spread's is not 0
+    mean_t = p.mean(0)
+    assert torch.equal(diversity(p, 1e-5, None), (mean_t * torch.log(mean_t + 1e-5)).sum())
+
+
+def test_nrc_loss_reads_the_class_shares():
+    p, near, expd = _probs(2, 3), _probs(2, 2, 3, seed=1), _probs(2, 4, 3, seed=2)
+    aff = torch.full((2, 2), 0.1)
+    prior = (0.6, 0.3, 0.1)
+    even, told = NrcSettings(), NrcSettings(class_prior=prior)
+    mean = p.mean(0)
+    shift = -float((mean * torch.log(torch.tensor(prior))).sum())  # Σ p̄ log(1 / π)
+    assert float(nrc_loss(p, near, aff, expd, told)) == pytest.approx(
+        float(nrc_loss(p, near, aff, expd, even)) + shift, abs=1e-6)
+
+
+@pytest.mark.parametrize("prior", [(1.0,), (0.5, 0.6), (1.0, 0.0), (float("nan"), 1.0)])
+def test_bad_class_shares_are_refused(prior):
+    with pytest.raises(InputError, match="NRC: class_prior must be"):
+        NrcSettings(class_prior=prior).validate()
+
+
+def test_class_shares_must_match_the_models_classes():
+    with pytest.raises(InputError, match="NRC: 3 class shares for a model with 2 classes"):
+        nrc_adapt(torch.nn.Linear(2, 2), None, NrcSettings(class_prior=(0.2, 0.3, 0.5)))
+
+
 def test_nrc_loss_by_hand():
     s = NrcSettings(r=0.1, eps=1e-5)
     p, near, expd = _probs(2, 3), _probs(2, 2, 3, seed=1), _probs(2, 4, 3, seed=2)

@@ -57,8 +57,10 @@ def test_text_sets_fields_of_the_methods_defaults():
         replace(ShotSettings.paper(), lr=1e-3, optimizer="adam")
     assert "sample_budget" in option_keys("decision") and option_keys("mrtf") == []
     assert option_keys("adaptive") == ["adapt_vote"]
-    # SHOT's class shares come from --class-frequencies, not from --option
+    # the class shares of SHOT, NRC and DECISION come from --class-frequencies, not --option
     assert "class_prior" not in option_keys("shot") and "epochs" in option_keys("shot")
+    assert "class_prior" not in option_keys("nrc") and "eps" in option_keys("nrc")
+    assert "class_prior" not in option_keys("decision") and "beta" in option_keys("decision")
     assert method_options("adaptive", ["adapt-vote=yes"]) == AdaptiveSettings(adapt_vote=True)
 
 
@@ -69,6 +71,8 @@ def test_text_sets_fields_of_the_methods_defaults():
     ("aad", ["q=3"], "KEY one of alpha, batch_size, beta, epochs, k, lr"),
     ("aad", ["k"], "give KEY=VALUE"),
     ("shot", ["class_prior=0.5,0.5"], "give KEY=VALUE, KEY one of"),
+    ("nrc", ["class_prior=0.5,0.5"], "give KEY=VALUE, KEY one of"),
+    ("decision", ["class_prior=0.5,0.5"], "give KEY=VALUE, KEY one of"),
     ("aad", ["k=3.5"], "k: an integer, got '3.5'"),
     ("aad", ["lr=fast"], "lr: a number"),
     ("nope", ["k=1"], "unknown method 'nope'"),

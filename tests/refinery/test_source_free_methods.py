@@ -102,19 +102,23 @@ def test_streaming_gives_the_same_labels(method, digits_federation, tmp_path):
     assert list(tmp_path.iterdir()) == []  # the scratch folder is gone
 
 
-def test_shot_aims_its_diversity_term_at_the_given_class_frequencies(digits_federation,
-                                                                     monkeypatch):
-    """--method shot with --class-frequencies: SHOT runs with the frequencies as its class
-    shares (the rest of its recipe as registered)."""
-    import mrtf.refinery.methods.shot as shot_method
+@pytest.mark.parametrize("method", ["shot", "nrc"])
+def test_the_diversity_term_aims_at_the_given_class_frequencies(method, digits_federation,
+                                                                monkeypatch):
+    """--method shot / nrc with --class-frequencies: the adapter runs with the frequencies as
+    its class shares (the rest of its recipe as registered), and without them as registered."""
+    import importlib
 
+    module = importlib.import_module(f"mrtf.refinery.methods.{method}")
     seen = []
-    monkeypatch.setattr(shot_method, "shot_adapt",
+    monkeypatch.setattr(module, f"{method}_adapt",
                         lambda model, source, settings, *a: seen.append(settings) or model)
     received = load_received(digits_federation[0])
     counts = (2.0,) * 5 + (1.0,) * 5
     with H5Dataset(digits_federation[1]) as target:
-        refine(received, target, _cfg("shot", class_frequencies=counts))
-    (settings,) = seen
-    assert settings.class_prior == pytest.approx((2 / 15,) * 5 + (1 / 15,) * 5)
-    assert settings.epochs == METHOD_SPECS["shot"].settings.epochs
+        refine(received, target, _cfg(method, class_frequencies=counts))
+        refine(received, target, _cfg(method))
+    told, plain = seen
+    assert told.class_prior == pytest.approx((2 / 15,) * 5 + (1 / 15,) * 5)
+    assert told.epochs == METHOD_SPECS[method].settings.epochs
+    assert plain == METHOD_SPECS[method].settings and plain.class_prior is None

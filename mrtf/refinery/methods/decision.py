@@ -24,6 +24,7 @@ from mrtf.errors import InputError
 from mrtf.refinery.decision import DecisionSettings, decision_adapt
 from mrtf.refinery.fit import distil_student
 from mrtf.refinery.methods.base import Distilled
+from mrtf.refinery.prior_diversity import with_class_shares
 from mrtf.refinery.state import RefineState
 
 
@@ -33,6 +34,7 @@ class Decision(Distilled):
                "source weights, the student distilled to their weighted ensemble (decision.py)")
     help = "every local model adapted to the target with learned source weights, DECISION"
     teachers = "locals"
+    takes_class_frequencies = True  # its L_div aims at them (prior_diversity.py)
 
     #: the adapter's settings, its defaults (the paper's; decision.py states the cost choice);
     #: a run's own: ``RefineConfig.method_options``, read from ``config.options``
@@ -60,8 +62,9 @@ class Decision(Distilled):
         distillation, and notes the learned weights."""
         t0 = time.perf_counter()
         config = state.config
+        settings = with_class_shares(config.options, config.class_shares)
         result = decision_adapt([copy.deepcopy(m) for m in state.teachers], state.source,
-                                config.options, config.seed, state.dev, config.progress)
+                                settings, config.seed, state.dev, config.progress)
         state.timings["decision"] = time.perf_counter() - t0
         best = int(np.argmax(result.alpha))
         plan = state.plan
