@@ -88,9 +88,9 @@ from mrtf.trust.class_frequencies import parse_class_frequencies
               help="Your data's class frequencies, if you know them: one number per class "
                    "(shares or counts). They replace the even spread of classes the default "
                    "otherwise assumes: its consensus divides each model's class bias out "
-                   "toward them, SHOT's diversity term aims at them, and the label-free "
-                   "estimate reads the labels' spread against them. Sets the class prior "
-                   "(leave --class-prior at auto).")
+                   "toward them, the diversity term of SHOT, NRC and DECISION aims at "
+                   "them, and the label-free estimate reads the labels' spread against "
+                   "them. Sets the class prior (leave --class-prior at auto).")
 @click.option("--option", "method_option", multiple=True, metavar="KEY=VALUE",
               help="A setting of the method's own: a field of its settings, e.g. "
                    "adapt_vote=true for adaptive (also adapt the vote's student), "

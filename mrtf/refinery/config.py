@@ -78,11 +78,13 @@ class RefineConfig:
     class_frequencies : the target's class frequencies, one number per class (shares or
         counts), when known. They replace the even spread the default otherwise assumes:
         the consensus divides each model's class bias out toward them (adaptive.py,
-        "given" in place of "uniform"), SHOT's diversity term pulls the adapted model's
-        mean prediction to them (ShotSettings.class_prior), the adapted labels' spread is
+        "given" in place of "uniform"), the diversity terms of SHOT, NRC and DECISION pull
+        the adapted models' mean prediction to them (``class_prior`` of ShotSettings,
+        NrcSettings, DecisionSettings; prior_diversity.py), the adapted labels' spread is
         checked against them (branch_choice.collapsed_adaptation), and the label-free
         estimate reads the labels' spread against them (mrtf.trust.class_frequencies).
-        None (default): an even spread.
+        The other methods' labels have no class prior (``Method.takes_class_frequencies``
+        False): the run says so in a note. None (default): an even spread.
     method_options : the method's own settings for this run, an instance of the type of its
         registered defaults (``Method.settings``: shot ``ShotSettings``, aad ``AadSettings``,
         nrc ``NrcSettings``, decision ``DecisionSettings``), e.g.

@@ -111,7 +111,8 @@ def check_parties(state: RefineState) -> None:
 
 def notes_on_inputs(state: RefineState) -> list[str]:
     """What the output should say about the inputs: the plan's and the checks' notes, how the
-    target is read, older rounds' local models, u_t's fall-back, then the method's own."""
+    target is read, older rounds' local models, u_t's fall-back, class frequencies the method
+    does not read, then the method's own."""
     plan = state.plan
     assert plan is not None
     notes = list(plan.notes)
@@ -125,4 +126,17 @@ def notes_on_inputs(state: RefineState) -> list[str]:
                      "newest round's models are S_t)")
     if state.method.uses_u_t and all(m.meta.train_loss is None for m in plan.locals_received):
         notes.append(f"no local model reported train_loss: u_t = {U_FALLBACK} (fallback)")
-    return notes + state.method.notes(state)
+    return notes + unread_class_frequencies(state) + state.method.notes(state)
+
+
+def unread_class_frequencies(state: RefineState) -> list[str]:
+    """One note when the user gave class frequencies and the method's labels have no class
+    prior to aim at them (``Method.takes_class_frequencies``): otherwise they would seem to
+    have steered the labels. The label-free estimate still reads them where it runs, which
+    needs teachers (refinery.trusted.local_signals)."""
+    method = state.method
+    if state.config.class_frequencies is None or method.takes_class_frequencies:
+        return []
+    readers = ("only the label-free estimate reads them" if method.teachers != "none"
+               else "nothing in this run reads them (no teachers: no label-free estimate)")
+    return [f"class frequencies: method {method.name} has no class prior; {readers}"]

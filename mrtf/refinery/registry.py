@@ -36,6 +36,10 @@ class Method:
     aligns_input : ``--input-reading auto`` searches how the target is read
         (input_reading.py); otherwise the target is read as given unless the run says how.
     takes_class_prior : ``--class-prior uniform`` applies to it (the default's consensus).
+    takes_class_frequencies : its labels read the target's class frequencies when the user
+        gives them (``--class-frequencies``, RefineConfig.class_shares): the default's
+        consensus, SHOT's, NRC's and DECISION's diversity terms. Where False the run says, in
+        one note (plan.notes_on_inputs), that the method has no class prior to aim at them.
     uses_u_t : its targets read Eq. 10's u_t (a note says when it falls back).
     settings : the method's own options, their defaults (a frozen dataclass with
         ``validate()``, e.g. SHOT's ``ShotSettings.paper()``; None: the method has none).
@@ -57,6 +61,7 @@ class Method:
     trust_default: bool = False
     aligns_input: bool = False
     takes_class_prior: bool = False
+    takes_class_frequencies: bool = False
     uses_u_t: bool = False
     settings: MethodOptions | None = None
 

@@ -12,8 +12,11 @@ on: balanced targets). Frequencies that are wrong move the estimate the other wa
 
 The refinery reads the same frequencies wherever else the default assumes an even spread
 (RefineConfig.class_shares): the consensus divides each model's class bias out toward them
-(refinery.debias), SHOT's diversity term aims at them (refinery.shot), and the adapted
-labels' spread is checked against them (refinery.branch_choice).
+(refinery.debias), the diversity terms of SHOT, NRC and DECISION aim at them
+(refinery.prior_diversity: refinery.shot, refinery.nrc, refinery.decision), and the adapted
+labels' spread is checked against them (refinery.branch_choice). The methods whose labels
+have no class prior (refinery.registry.Method.takes_class_frequencies) leave them to the
+estimate, and the run says so.
 """
 
 from __future__ import annotations

@@ -84,6 +84,7 @@ class Adaptive(Distilled):
     trust_default = True
     aligns_input = True  # the target read as the parties read it best (input_reading.py)
     takes_class_prior = True
+    takes_class_frequencies = True  # the consensus, SHOT and the collapse check read them
     settings: AdaptiveSettings = AdaptiveSettings()
 
     def evidence(self, state: RefineState) -> None:
