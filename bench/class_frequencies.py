@@ -23,7 +23,10 @@ Two single-thread processes share the sets with ``--part 0/2`` and ``--part 1/2`
         --part 1/2 --targets full,skew,reversed
     python class_frequencies.py --report OUT/cf.json.*
 
-``--only NAME-PART`` (repeatable) refines only the sets whose name contains one of them.
+``--only NAME-PART`` (repeatable) refines only the sets whose name contains one of them;
+``--method NAME`` refines by another method than the default (``nrc``, ``decision``,
+``shot``: the methods whose labels read the frequencies), its results cached under their own
+keys (``SET|TARGET|METHOD``) and reported in their own rows.
 """
 
 from __future__ import annotations
@@ -58,10 +61,12 @@ def target_of(path: Path, kind: str) -> tuple[ArraySource | H5Dataset, np.ndarra
     return ArraySource(x[keep], y[keep]), y[keep]
 
 
-def refined(received, target, y: np.ndarray, seed: int, counts: tuple | None) -> dict:
-    """One refine by the default, scored: accuracy, estimate ± and ECE, branch, prior."""
+def refined(received, target, y: np.ndarray, seed: int, counts: tuple | None,
+            method: str = "adaptive") -> dict:
+    """One refine by ``method`` (the default: adaptive), scored: accuracy, estimate ± and
+    ECE, branch, prior."""
     t0 = time.perf_counter()
-    res = refine(received, target, RefineConfig(seed=seed, progress=False,
+    res = refine(received, target, RefineConfig(method=method, seed=seed, progress=False,
                                                 class_frequencies=counts))
     said = res.to_dict()
     return {"accuracy": float((res.probs.argmax(1) == y).mean()),
@@ -71,31 +76,39 @@ def refined(received, target, y: np.ndarray, seed: int, counts: tuple | None) ->
             "seconds": time.perf_counter() - t0}
 
 
+def cache_key(key: str, kind: str, method: str) -> str:
+    """A result's key: ``SET|TARGET`` for the default (the earlier runs' keys), else
+    ``SET|TARGET|METHOD``."""
+    return f"{key}|{kind}" if method == "adaptive" else f"{key}|{kind}|{method}"
+
+
 def refine_all(grids: list[Path], out: Path, part: tuple[int, int], kinds: list[str],
-               only: list[str]) -> None:
+               only: list[str], method: str = "adaptive") -> None:
     for key, d, seed, res in cached_sets(grids, out, part):
         if only and not any(s in d.name for s in only):
             continue
         received = load_received(d / "received")
         for kind in kinds:
-            if f"{key}|{kind}" in res:
+            if cache_key(key, kind, method) in res:
                 continue
             target, y = target_of(d / "target.h5", kind)
             counts = tuple(float(n) for n in np.bincount(y, minlength=int(y.max()) + 1))
-            row = {"rows": len(y), "even": refined(received, target, y, seed, None),
-                   "given": refined(received, target, y, seed, counts)}
-            res[f"{key}|{kind}"] = row
+            row = {"rows": len(y), "even": refined(received, target, y, seed, None, method),
+                   "given": refined(received, target, y, seed, counts, method)}
+            res[cache_key(key, kind, method)] = row
             write_json(out, res)
             e, g = row["even"], row["given"]
-            print(f"{key} {kind}: {e['accuracy']:.4f} -> {g['accuracy']:.4f} "
+            print(f"{key} {kind} {method}: {e['accuracy']:.4f} -> {g['accuracy']:.4f} "
                   f"(estimate {e['estimate']:.3f} -> {g['estimate']:.3f})", flush=True)
 
 
 def group_of(key: str) -> str:
-    """``mnist-usps-k10-dir0.5-default-E2-s3|skew`` → ``mnist-usps k10 default | skew``."""
-    name, kind = key.split("/", 1)[1].split("|")
+    """``mnist-usps-k10-dir0.5-default-E2-s3|skew`` → ``mnist-usps k10 default | skew``;
+    another method's key (``…|skew|nrc``) → ``mnist-usps k10 default, nrc | skew``."""
+    name, kind, *method = key.split("/", 1)[1].split("|")
     m = re.match(r"(.+?)-(k\d+)(?:-[^-]+)?-(default|shot)-E\d+-s\d+$", name)
-    return f"{m.group(1)} {m.group(2)} {m.group(3)} | {kind}" if m else f"{name} | {kind}"
+    sets = f"{m.group(1)} {m.group(2)} {m.group(3)}" if m else name
+    return f"{sets}{''.join(', ' + x for x in method)} | {kind}"
 
 
 def report(paths: list[Path]) -> None:
@@ -131,6 +144,8 @@ def main() -> None:
     ap.add_argument("--targets", default="full", help=f"comma-separated of {TARGETS}")
     ap.add_argument("--only", action="append", default=[],
                     help="refine only the sets whose name contains this (repeatable)")
+    ap.add_argument("--method", default="adaptive",
+                    help="the refine method (default: adaptive)")
     a = ap.parse_args()
     if a.report is not None:
         report(a.report)
@@ -138,7 +153,7 @@ def main() -> None:
     kinds = a.targets.split(",")
     if not set(kinds) <= set(TARGETS):
         ap.error(f"--targets: choose from {', '.join(TARGETS)}")
-    refine_all(a.grid, a.out, a.part, kinds, a.only)
+    refine_all(a.grid, a.out, a.part, kinds, a.only, a.method)
 
 
 if __name__ == "__main__":

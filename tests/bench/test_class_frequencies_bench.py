@@ -53,3 +53,23 @@ def test_report_groups_sets_and_compares_the_two_refines(monkeypatch, tmp_path, 
     cols = [c.strip() for c in line.strip("|").split("|")]
     assert cols[:5] == ["mnist-usps k10 default", "skew", "2", "0.800 → **0.900**", "2 / 0"]
     assert cols[5] == "-10.0 → -2.0" and cols[6] == "0 → 2" and cols[8] == "5.0 → 5.0"
+
+
+def test_another_method_is_cached_and_reported_on_its_own(monkeypatch, tmp_path, capsys):
+    bench = _bench(monkeypatch)
+    assert bench.cache_key("std/a-s0", "skew", "adaptive") == "std/a-s0|skew"
+    assert bench.cache_key("std/a-s0", "skew", "nrc") == "std/a-s0|skew|nrc"
+
+    def one(acc):
+        return {"accuracy": acc, "estimate": acc, "plus_minus": 0.05, "ece": 0.04}
+
+    name = "std/mnist-usps-k1-shot-E10-s0"
+    rows = {f"{name}|skew": {"rows": 600, "even": one(0.70), "given": one(0.80)},
+            f"{name}|skew|nrc": {"rows": 600, "even": one(0.60), "given": one(0.90)}}
+    (tmp_path / "r.json").write_text(json.dumps(rows))
+    bench.report([tmp_path / "r.json"])
+    out = capsys.readouterr().out
+    default = [r for r in out.splitlines() if "| mnist-usps k1 shot |" in r]
+    nrc = [r for r in out.splitlines() if "| mnist-usps k1 shot, nrc |" in r]
+    assert len(default) == 1 and "0.700 → **0.800**" in default[0]
+    assert len(nrc) == 1 and "0.600 → **0.900**" in nrc[0]
