@@ -160,10 +160,12 @@ def softmax(z: np.ndarray) -> np.ndarray:
 
 
 def estimate_scored(res, y: np.ndarray) -> dict:
-    """A refine's label-free estimate and its ± as printed, and the ECE of its per-sample
+    """A refine's label-free estimate and its ± as printed, the rule that printed it
+    (``reading``: mrtf.trust.midpoint_estimate.READINGS), and the ECE of its per-sample
     calibrated confidence against ``y`` (which only scores; no ECE without a calibration):
     what bench/estimate_coverage.py reads from a cell (issue 35's goals)."""
-    out = {"estimate": res.accuracy.refined, "plus_minus": res.accuracy.plus_minus}
+    out = {"estimate": res.accuracy.refined, "plus_minus": res.accuracy.plus_minus,
+           "reading": res.accuracy.reading}
     if res.calibration is not None:
         out["ece"] = ece(res.calibration.confidence, res.probs.argmax(1) == y)
     return out

@@ -80,13 +80,15 @@ class ConsensusView:
 class AccuracyEstimate:
     """The label-free estimate of the labels' accuracy (mrtf.trust.calibration): ``refined``
     ± ``plus_minus`` by ``method``; ``averaged``: θ_{t+1}'s before refinement (None without
-    teachers); ``consensus_view``: the adaptive consensus' own view (None otherwise)."""
+    teachers); ``consensus_view``: the adaptive consensus' own view (None otherwise);
+    ``reading``: which rule printed the estimate (mrtf.trust.midpoint_estimate.READINGS)."""
 
     refined: float
     plus_minus: float
     method: str
     averaged: float | None = None
     consensus_view: ConsensusView | None = None
+    reading: str = "calibrator"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -102,7 +102,7 @@ def calibrated(probs: np.ndarray, before: np.ndarray, signals,
     averaged = None if signals is None else \
         calibration_of(before, signals, device, fit_temperature=False).estimated_accuracy
     return cal, AccuracyEstimate(cal.estimated_accuracy, cal.plus_minus, cal.method, averaged,
-                                 consensus_view)
+                                 consensus_view, cal.reading)
 
 
 def _read(probs: np.ndarray, signals, device: str | torch.device, adapted: bool,
@@ -136,6 +136,8 @@ def read_as_voted(cal, probs: np.ndarray, device: str | torch.device = "cpu", *,
         return midpoint_for_sure_labels(cal, probs, device, fit_temperature=fit_temperature)
     if reaches_own_confidence(cal):
         cal = reaching_own_confidence(cal, probs)
+    else:  # the lowest band: its ± reaches down to chance (calibration.band_error)
+        cal = replace(cal, reading="lowest band")
     if not fit_temperature:
         return cal
     return replace(cal, temperature=temperature_for(probs, cal.estimated_accuracy,

@@ -7,20 +7,18 @@ consensus that is ≥ 0.95 sure makes it ≥ 0.9 sure on cross-domain targets wh
     conf(x) = σ(w · φ(x) + b),
 
 a logistic model of "the label of x is right" on **label-free signals** φ(x): the refined
-model's and the parties' mean probability of the label, the share of the sample's nearest
-target samples (in the target's own input space, mrtf.trust.neighbours) that carry the same
-label — labels that are right follow the target's natural clusters, wrong ones cut across
-them — and three cell-level signals: the parties' mean confidence on the target (how familiar
-it looks to them), how often two parties agree, and how evenly the labels spread over the
-classes (confidently wrong parties pile their labels onto a few classes; this assumes
-balanced classes and reads skewed ones as doubt, unless the user gives the target's class
-frequencies: mrtf.trust.class_frequencies). w and b
-(:data:`COEF`) were fitted once, with labels, on the 24 received sets of the label-quality
-grid (bench/calibration.py) — as the default method was chosen on that grid — and are fixed:
-at run time nothing reads ``y``. The estimated accuracy of the labels is the mean calibrated
-confidence; its ± is the larger of the sampling error and what 9 in 10 out-of-sample
-estimates at that level held (:data:`ERROR_BANDS`; in the lowest band down to chance).
-Signals without neighbourhoods get the earlier 12-signal model (:data:`FALLBACK_COEF`).
+model's and the parties' mean probability of the label, the share of the sample's nearest target
+samples (in the target's own input space, mrtf.trust.neighbours) that carry the same label —
+labels that are right follow the target's natural clusters, wrong ones cut across them — and
+three cell-level signals: the parties' mean confidence on the target, how often two parties
+agree, and how evenly the labels spread over the classes (confidently wrong parties pile their
+labels onto a few classes; this assumes balanced classes and reads skewed ones as doubt, unless
+the user gives the target's class frequencies: mrtf.trust.class_frequencies). w and b
+(:data:`COEF`) were fitted once, with labels, on the 24 received sets of the label-quality grid
+(bench/calibration.py) and are fixed: at run time nothing reads ``y``. The estimated accuracy of
+the labels is the mean calibrated confidence; its ± is the larger of the sampling error and what
+9 in 10 out-of-sample estimates at that level held (:data:`ERROR_BANDS`; in the lowest band down
+to chance); without neighbourhoods, the earlier 12-signal model (:data:`FALLBACK_COEF`).
 
 For ``mrtf label`` (one model, no parties) the refined model carries a temperature T (its
 bundle's ``mrtf.calibration``): its max probability at T has the calibrated confidence's
@@ -228,7 +226,8 @@ def fallback_features(probs: np.ndarray, s: Signals) -> np.ndarray:
 class Calibration:
     """confidence (M,): P(label right) under the calibrator. estimated_accuracy: its mean;
     plus_minus: the ± of that estimate. temperature: T with mean max softmax(log p / T) =
-    estimated_accuracy (for ``mrtf label``). method: how it was obtained."""
+    estimated_accuracy (for ``mrtf label``). method: how it was obtained. reading: which rule
+    printed the estimate, one of mrtf.trust.midpoint_estimate.READINGS."""
 
     confidence: np.ndarray
     estimated_accuracy: float
@@ -236,6 +235,7 @@ class Calibration:
     temperature: float
     method: str
     notes: list[str] = field(default_factory=list)
+    reading: str = "calibrator"
 
     def attrs(self) -> dict[str, Any]:
         """What the labels file's ``calibration`` attribute records."""
@@ -392,8 +392,9 @@ def uncalibrated(probs: np.ndarray, temperature: float | None = None,
         return Calibration(conf, est, plus_minus(est, len(conf)), 1.0,
                            "the model's max probability, uncalibrated",
                            [f"{why}: its confidence and this estimate are its own max "
-                            "probability, usually optimistic"])
+                            "probability, usually optimistic"], "uncalibrated")
     conf = apply_temperature(probs, temperature)
     est = float(conf.mean())
     return Calibration(conf, est, plus_minus(est, len(conf)), float(temperature),
-                       f"temperature {temperature:.3g} set when the model was refined")
+                       f"temperature {temperature:.3g} set when the model was refined", [],
+                       "tempered")

@@ -51,6 +51,13 @@ def shifted_to_mean(conf: np.ndarray, mean: float) -> np.ndarray:
     return (1.0 / (1.0 + np.exp(-(z + (lo + hi) / 2)))).astype(np.float32)
 
 
+#: which rule printed an estimate (``Calibration.reading``): the calibrator alone, its lowest
+#: band (the ± reaching chance), its middle band (the ± reaching the labels' own confidence),
+#: midway for labels read as mostly right or for adapted labels, the adapted vote's student
+#: reaching down to the vote; a model's own max probability, as it is or at its temperature
+READINGS = ("calibrator", "lowest band", "middle band", "midway (sure labels)",
+            "midway (adapted)", "down to the vote", "uncalibrated", "tempered")
+
 #: labels that are not adapted are read midway from this calibrated estimate up: below it the
 #: labels' own confidence is no reading (a model distilled from confidently wrong parties is
 #: sure of labels that are wrong; docs/benchmarks/calibration.md, "Sure labels are read
@@ -88,15 +95,15 @@ def reach_plus_minus(calibrated: float, own: float, calibrators: float) -> float
 
 
 def midpoint(cal: Calibration, probs: np.ndarray, note: str,
-             device: str | torch.device = "cpu", *, fit_temperature: bool = True
-             ) -> Calibration:
+             device: str | torch.device = "cpu", *, fit_temperature: bool = True,
+             reading: str = "midway (sure labels)") -> Calibration:
     """``cal`` read midway between the calibrator's estimate and the labels' own mean max
     probability, with :func:`midpoint_plus_minus` (the labels' accuracy on these m samples
     varies around what both read, and both can be off the same way). Each sample's
     confidence is shifted by one logit so its mean is the estimate; ``note`` (why both are
     read) goes to the notes with the two readings. ``fit_temperature=False`` keeps ``cal``'s
     temperature, for a reading only its interval is read from (the fit is 50 passes over
-    ``probs``)."""
+    ``probs``). ``reading``: the rule's name (:data:`READINGS`)."""
     own = own_confidence(probs)
     est = (cal.estimated_accuracy + own) / 2
     pm = midpoint_plus_minus(cal.estimated_accuracy, own, len(cal.confidence), cal.plus_minus)
@@ -106,7 +113,7 @@ def midpoint(cal: Calibration, probs: np.ndarray, note: str,
                    estimated_accuracy=est, plus_minus=pm,
                    temperature=temperature_for(probs, est, device=device)
                    if fit_temperature else cal.temperature,
-                   notes=[*cal.notes, line])
+                   notes=[*cal.notes, line], reading=reading)
 
 
 def midpoint_for_adapted(cal: Calibration, probs: np.ndarray,
@@ -117,7 +124,8 @@ def midpoint_for_adapted(cal: Calibration, probs: np.ndarray,
     almost every label); both can be off the same way, high where the adapted labels are
     poor, low where the settled model is unsure of right labels."""
     return midpoint(cal, probs, "the labels come from θ_{t+1} adapted to the target "
-                                "(the calibrator was fitted on labels the parties give)", device)
+                                "(the calibrator was fitted on labels the parties give)", device,
+                    reading="midway (adapted)")
 
 
 def down_to_the_vote(read: Calibration, vote: Calibration, probs: np.ndarray,
@@ -130,18 +138,18 @@ def down_to_the_vote(read: Calibration, vote: Calibration, probs: np.ndarray,
     high; the vote it came from says how poor they can be. Read as adapted labels
     (:func:`midpoint_for_adapted`) they missed more often (docs/benchmarks/label-quality.md,
     "The option adapt_vote")."""
-    lo = min(read.estimated_accuracy - read.plus_minus, vote.estimated_accuracy - vote.plus_minus)
+    if vote.estimated_accuracy - vote.plus_minus >= read.estimated_accuracy - read.plus_minus:
+        return read  # compared as bounds: (hi − lo) / 2 can exceed the ± by rounding alone
+    lo = vote.estimated_accuracy - vote.plus_minus
     hi = read.estimated_accuracy + read.plus_minus
     est, pm = (lo + hi) / 2, (hi - lo) / 2
-    if pm <= read.plus_minus:
-        return read
     line = (f"the vote's student was adapted: its labels read {read.estimated_accuracy:.3f} ± "
             f"{read.plus_minus:.3f}, the vote's before SHOT {vote.estimated_accuracy:.3f} ± "
             f"{vote.plus_minus:.3f}; the ± reaches down to the vote's")
     return replace(read, confidence=shifted_to_mean(read.confidence, est),
                    estimated_accuracy=est, plus_minus=pm,
                    temperature=temperature_for(probs, est, device=device),
-                   notes=[*read.notes, line])
+                   notes=[*read.notes, line], reading="down to the vote")
 
 
 def reads_midway(cal: Calibration) -> bool:
@@ -174,11 +182,11 @@ def reaching_own_confidence(cal: Calibration, probs: np.ndarray) -> Calibration:
     own = own_confidence(probs)
     pm = reach_plus_minus(cal.estimated_accuracy, own, cal.plus_minus)
     if pm <= cal.plus_minus:
-        return cal
+        return replace(cal, reading="middle band")
     line = (f"the calibrator reads {cal.estimated_accuracy:.3f}, the labels' own confidence "
             f"{own:.3f}; readings this far apart say the calibrator can be off as far: the ± "
             "reaches the other")
-    return replace(cal, plus_minus=pm, notes=[*cal.notes, line])
+    return replace(cal, plus_minus=pm, notes=[*cal.notes, line], reading="middle band")
 
 
 def reaching_the_even_reading(cal: Calibration, even: float) -> Calibration:

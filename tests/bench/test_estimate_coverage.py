@@ -60,10 +60,28 @@ def test_estimate_scored(monkeypatch):
     probs = np.array([[0.9, 0.1], [0.2, 0.8], [0.7, 0.3], [0.4, 0.6]], np.float32)
     y = np.array([0, 1, 1, 1])
     conf = np.array([0.9, 0.8, 0.7, 0.6])
-    res = SimpleNamespace(probs=probs, accuracy=SimpleNamespace(refined=0.7, plus_minus=0.1),
+    res = SimpleNamespace(probs=probs, accuracy=SimpleNamespace(refined=0.7, plus_minus=0.1,
+                                                                reading="middle band"),
                           calibration=SimpleNamespace(confidence=conf))
     out = harness.estimate_scored(res, y)
     assert out["estimate"] == 0.7 and out["plus_minus"] == 0.1
+    assert out["reading"] == "middle band"
     assert out["ece"] == pytest.approx(ece(conf, np.array([True, True, False, True])))
     res.calibration = None
     assert "ece" not in harness.estimate_scored(res, y)
+
+
+def test_one_row_per_rule_that_printed_the_estimate(coverage, tmp_path):
+    cells = tmp_path / "cells"
+    for i, err in enumerate([0.01, -0.02, 0.03, 0.04]):
+        _cell(cells, f"m-s{i}", {"accuracy": 0.9, "estimate": 0.9 + err, "plus_minus": 0.035,
+                                 "reading": "midway (sure labels)"})
+    _cell(cells, "l-s0", {"accuracy": 0.2, "estimate": 0.35, "plus_minus": 0.25,
+                          "reading": "lowest band"})
+    _cell(cells, "o-s0", {"accuracy": 0.5, "estimate": 0.55, "plus_minus": 0.1})  # older cell
+    rows = coverage.by_reading_rows("bench", coverage.readings(cells))
+    cols = [[c.strip() for c in r.strip("|").split("|")] for r in rows]
+    assert cols[0] == ["bench", "midway (sure labels)", "4", "3", "2.5", "4.0", "3.5"]
+    assert sorted(c[1] for c in cols[1:]) == ["lowest band", "unrecorded"]
+    low = next(c for c in cols if c[1] == "lowest band")
+    assert low[2:] == ["1", "1", "15.0", "15.0", "25.0"]

@@ -7,7 +7,7 @@ import pytest
 
 from mrtf.refinery.trusted import calibrated
 from mrtf.trust.calibration import Signals, apply_temperature, calibrate, own_confidence
-from mrtf.trust.midpoint_estimate import MIDPOINT_FROM
+from mrtf.trust.midpoint_estimate import MIDPOINT_FROM, READINGS
 
 
 def _signals(margin: float, m: int = 400, c: int = 10, seed: int = 0
@@ -81,3 +81,22 @@ def test_each_sample_keeps_its_calibrated_rank_and_the_mean_is_the_estimate(marg
     # the values: the refined model's max probability at the temperature refine carries
     tempered = np.sort(apply_temperature(probs, cal.temperature))
     assert np.abs(np.sort(cal.confidence) - tempered).max() < 0.01
+
+
+@pytest.mark.parametrize("margin", [6.0, 2.5, 1.5, 0.0])
+def test_the_estimate_names_the_rule_that_printed_it(margin: float) -> None:
+    probs, s = _signals(margin)
+    plain = calibrate(probs, s, fit_temperature=False).estimated_accuracy
+    cal, acc = calibrated(probs, probs, s, None)
+    want = ("midway (sure labels)" if plain >= MIDPOINT_FROM else
+            "middle band" if plain >= 0.40 else "lowest band")
+    assert cal.reading == acc.reading == want and want in READINGS
+    assert acc.to_dict()["reading"] == want  # what --json says
+    adapted, acc = calibrated(probs, probs, s, None, adapted=True)
+    assert adapted.reading == acc.reading == "midway (adapted)"
+
+
+def test_the_four_margins_reach_the_three_voted_rules() -> None:
+    read = {m: calibrate(*_signals(m), fit_temperature=False).estimated_accuracy
+            for m in (6.0, 2.5, 0.0)}
+    assert read[6.0] >= MIDPOINT_FROM > read[2.5] >= 0.40 > read[0.0]

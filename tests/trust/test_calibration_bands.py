@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mrtf.trust.calibration import ERROR_BANDS, Signals, band_error, calibrate
+from mrtf.trust.calibration import ERROR_BANDS, Signals, band_error, calibrate, uncalibrated
 
 
 def test_each_band_gives_its_error() -> None:
@@ -63,3 +63,11 @@ def test_the_reach_is_said_in_the_notes_only_when_it_widens() -> None:
     cal = calibrate(p, t, fit_temperature=False)
     assert cal.estimated_accuracy > ERROR_BANDS[-2][0]
     assert not any("chance" in n for n in cal.notes)
+
+
+def test_a_models_own_confidence_names_itself() -> None:
+    probs = np.full((20, 4), 0.1, np.float32)
+    probs[:, 0] = 0.7
+    assert uncalibrated(probs).reading == "uncalibrated"
+    assert uncalibrated(probs, temperature=2.0).reading == "tempered"
+    assert "reading" in uncalibrated(probs).attrs()  # the labels file records it

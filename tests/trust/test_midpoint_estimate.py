@@ -11,6 +11,7 @@ import pytest
 from mrtf.trust.calibration import Calibration, apply_temperature, band_error
 from mrtf.trust.midpoint_estimate import (
     MIDPOINT_FROM,
+    READINGS,
     SHARED_ERROR,
     SHARED_SHARE,
     down_to_the_vote,
@@ -133,7 +134,8 @@ def test_in_the_middle_band_the_interval_reaches_the_labels_own_confidence() -> 
     assert "0.550" in out.notes[-1] and "0.830" in out.notes[-1] and "reaches" in out.notes[-1]
     np.testing.assert_array_equal(out.confidence, cal.confidence)
     near = reaching_own_confidence(cal, _probs(0.60))  # nearer than the band: unchanged
-    assert near is cal
+    assert (near.plus_minus, near.notes, near.reading) == (cal.plus_minus, cal.notes,
+                                                           "middle band")
 
 
 def test_only_the_middle_band_reaches() -> None:
@@ -171,3 +173,20 @@ def test_the_interval_reaches_the_even_reading_only_where_it_lies_outside():
     assert wide.plus_minus == pytest.approx(0.03, abs=1e-6)
     assert "0.960" in wide.notes[-1]
     assert reaching_the_even_reading(cal, 0.985) is cal  # inside already: unchanged
+
+
+def test_each_rule_names_itself() -> None:
+    probs = _probs(0.99)
+    sure = midpoint_for_sure_labels(_cal(np.full(1000, 0.90), 0.027), probs)
+    adapted = midpoint_for_adapted(_cal(np.full(1000, 0.90), 0.027), probs)
+    middle = reaching_own_confidence(_cal(np.full(1000, 0.60), 0.126), probs)
+    near = reaching_own_confidence(_cal(np.full(1000, 0.60), 0.5), probs)  # not widened
+    assert (sure.reading, adapted.reading) == ("midway (sure labels)", "midway (adapted)")
+    assert middle.reading == near.reading == "middle band"
+    vote = _cal(np.full(1000, 0.50), 0.126)
+    down = down_to_the_vote(_cal(np.full(1000, 0.90), 0.03), vote, probs)
+    assert down.reading == "down to the vote"
+    kept = down_to_the_vote(_cal(np.full(1000, 0.90), 0.03), _cal(np.full(1000, 0.97), 0.03),
+                            probs)
+    assert kept.reading == "calibrator"  # the read labels' own rule: not widened
+    assert {sure.reading, adapted.reading, middle.reading, down.reading} <= set(READINGS)
