@@ -21,15 +21,22 @@ The whole refinement then reads the target that way: the teachers, the adaptatio
 distillation and the labels (one label per original sample, in order). The refined model's
 file says the reading (``mrtf.input_reading``), so ``mrtf label`` reads new data the same way.
 
-Never enlarged: enlarging crops the image's edges, a loss the parties' confidence cannot see
-(on USPS → MNIST the most informative enlargement gave worse labels than the target as
-given: docs/benchmarks/input-reading.md).
+Enlarged (:data:`ENLARGEMENTS`) only where the target as given is not new to the parties
+(:func:`new_as_given`, the adaptive default's own novelty reading, novelty.py, on the search's
+sample). MNIST's digits fill 20 of its 28 pixels, USPS's and scikit-learn's their whole frame:
+parties trained on those read MNIST best enlarged about 1.4× (28 / 20), which loses only the
+empty border. But an enlarged target also reads as the parties' own, and where it really is
+new to them (parties with BatchNorm, SHOT's source recipe, on USPS → MNIST: their features
+shifted) the vote-or-adapt choice then votes where adapting was called for: 0.930-0.940
+against 0.982-0.984 as given. Where the target as given is like their data (the project's
+plain LeNets, whose vote is distilled either way), enlarging gave better labels on 20 of 21
+sets (docs/benchmarks/input-reading.md, "Enlarging where the parties vote").
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -40,13 +47,18 @@ from mrtf.errors import InputError
 from mrtf.io.hdf5 import ArraySource
 from mrtf.io.reading import Reading, ReadSource, is_image_shape
 from mrtf.refinery.adapt_start import TIE, label_information
+from mrtf.refinery.feature_shift import feature_shift
+from mrtf.refinery.novelty import target_novelty
 from mrtf.refinery.teachers import teacher_logits
 
 #: the zoom factors tried: as given, or shrunk down to 0.6 (a digit that fills a 28-pixel
-#: frame then spans MNIST's 17 pixels); never enlarged (the module docstring says why)
+#: frame then spans MNIST's 17 pixels)
 SCALES = (0.6, 0.7, 0.8, 0.9, 1.0)
 #: every reading tried: each factor, as given and as foreground contrast
 READINGS = tuple(Reading(s, fg) for fg in (False, True) for s in SCALES)
+#: the enlargements tried too, kept only where the target as given is not new to the parties
+#: (the module docstring); 1.4 makes MNIST's 20-pixel digits fill the frame
+ENLARGEMENTS = tuple(Reading(s, fg) for fg in (False, True) for s in (1.2, 1.4))
 #: the sample the readings are scored on: at most this many target images ...
 SAMPLE = 2000
 #: ... and at most this many forward passes per reading over all parties (K parties read
@@ -78,12 +90,15 @@ class ReadingChoice:
     sample : how many target images were scored.
     reason : 'searched' (the best reading, or as given on a tie), 'given'
         (``--input-reading``) or 'not images' (the search applies to (C, H, W) samples).
+    declined : the enlargement that informed the parties more but was not kept, the target
+        as given being new to them (:func:`new_as_given`); None otherwise.
     """
 
     reading: Reading
     information: Mapping[str, float] = field(default_factory=dict)
     sample: int = 0
     reason: str = "searched"
+    declined: Reading | None = None
 
     @property
     def changed(self) -> bool:
@@ -97,16 +112,23 @@ class ReadingChoice:
             return "input reading: not searched (the samples are not images)"
         at, given = self.information, Reading().spec()
         if not self.changed:
-            return (f"the target is read as given: no other reading informs the parties "
+            line = (f"the target is read as given: no other reading informs the parties "
                     f"more (information {at[given]:.3f} nats on {self.sample} images)")
-        return (f"the target is read {self.reading.describe()}: the parties' predictions carry "
-                f"the most information that way ({at[self.reading.spec()]:.3f} nats against "
-                f"{at[given]:.3f} as given, on {self.sample} images)")
+        else:
+            line = (f"the target is read {self.reading.describe()}: the parties' predictions "
+                    f"carry the most information that way ({at[self.reading.spec()]:.3f} nats "
+                    f"against {at[given]:.3f} as given, on {self.sample} images)")
+        if self.declined is None:
+            return line
+        return (f"{line}; read {self.declined.describe()} they would carry "
+                f"{at[self.declined.spec()]:.3f}, but the target as given is new to them, "
+                "and enlarged it would read as theirs (vote, where adapting is called for)")
 
     def to_dict(self) -> dict[str, Any]:
         return {"reading": self.reading.spec(), "scale": self.reading.scale,
                 "foreground": self.reading.foreground, "reason": self.reason,
-                "sample": self.sample, "information": dict(self.information)}
+                "sample": self.sample, "information": dict(self.information),
+                "declined": None if self.declined is None else self.declined.spec()}
 
 
 def sample_rows(m_total: int, parties: int, seed: int) -> np.ndarray:
@@ -134,13 +156,50 @@ def choose_reading(parties: Sequence[nn.Module], source: Any, num_classes: int, 
         return ReadingChoice(Reading(), reason="not images")
     rows = sample_rows(len(source), len(parties), seed)
     x = source.take(rows)
-    given = Reading()
     scored = {r: information_of(parties, r.apply(x), device)
-              for r in dict.fromkeys([given, *readings])}
-    best = max(scored, key=scored.__getitem__)
+              for r in dict.fromkeys([Reading(), *readings])}
+    return ReadingChoice(kept_reading(scored, num_classes),
+                         {r.spec(): v for r, v in scored.items()}, len(rows))
+
+
+def kept_reading(scored: Mapping[Reading, float], num_classes: int,
+                 among: Sequence[Reading] | None = None) -> Reading:
+    """The reading of ``among`` (default: all scored) whose information leads the target as
+    given by more than the tie, the most informative; else as given."""
+    given = Reading()
+    pool = [r for r in scored if among is None or r in among or r == given]
+    best = max(pool, key=scored.__getitem__)
     tie = TIE * float(np.log(max(num_classes, 2)))
-    kept = best if scored[best] - scored[given] > tie else given
-    return ReadingChoice(kept, {r.spec(): v for r, v in scored.items()}, len(rows))
+    return best if scored[best] - scored[given] > tie else given
+
+
+def new_as_given(parties: Sequence[nn.Module], x: np.ndarray,
+                 train_losses: Sequence[float | None],
+                 device: torch.device | str | None = None) -> bool:
+    """Whether the target's images ``x``, as given, are new to the parties by the adaptive
+    default's reading (novelty.py: their entropy against the losses they claim, and for
+    networks with BatchNorm the shift of their features), on the search's sample."""
+    logits = teacher_logits(parties, ArraySource(x), device=device).logits
+    shift = feature_shift(parties, ArraySource(x), device or "cpu")
+    return target_novelty(logits, train_losses, shift=shift).adapt
+
+
+def search_with_enlargements(parties: Sequence[nn.Module], source: Any, num_classes: int,
+                             train_losses: Sequence[float | None], seed: int = 0,
+                             device: torch.device | str | None = None) -> ReadingChoice:
+    """:func:`choose_reading` over :data:`READINGS` and :data:`ENLARGEMENTS`; an enlargement
+    kept only where the target as given is not new to the parties (the module docstring),
+    else the best of :data:`READINGS`, the enlargement named as declined."""
+    choice = choose_reading(parties, source, num_classes, seed, device,
+                            READINGS + ENLARGEMENTS)
+    if choice.reading.scale <= 1.0:
+        return choice
+    x = source.take(sample_rows(len(source), len(parties), seed))
+    if not new_as_given(parties, x, train_losses, device):
+        return choice
+    scored = {Reading.parse(k): v for k, v in choice.information.items()}
+    return replace(choice, reading=kept_reading(scored, num_classes, READINGS),
+                   declined=choice.reading)
 
 
 def align_input(state: Any) -> None:
@@ -154,8 +213,10 @@ def align_input(state: Any) -> None:
     if mode == "off":
         return
     if mode == "search":
-        choice = choose_reading(state.plan.locals_, state.source, state.received.num_classes,
-                                state.config.seed, state.dev)
+        choice = search_with_enlargements(
+            state.plan.locals_, state.source, state.received.num_classes,
+            [m.meta.train_loss for m in state.plan.locals_received], state.config.seed,
+            state.dev)
     elif not is_image_shape(tuple(state.source.sample_shape)):
         raise InputError(f"--input-reading {mode.spec()} applies to images (channels, height, "
                          f"width of 8 pixels or more); the target's samples are "

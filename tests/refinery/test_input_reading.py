@@ -16,11 +16,14 @@ from mrtf.io.hdf5 import ArraySource
 from mrtf.io.reading import Reading, ReadSource, rescale
 from mrtf.refinery import RefineConfig
 from mrtf.refinery.input_reading import (
+    ENLARGEMENTS,
     READINGS,
     ReadingChoice,
     choose_reading,
+    kept_reading,
     parse_input_reading,
     sample_rows,
+    search_with_enlargements,
 )
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
@@ -137,3 +140,40 @@ def test_a_read_source_is_what_the_reading_reads(digits):
     x = digits["usps"].x[:50]
     np.testing.assert_allclose(ReadSource(ArraySource(x), Reading(0.7)).read(),
                                rescale(x, 0.7))
+
+
+@pytest.fixture(scope="module")
+def usps_party():
+    """A party that learnt the class means of USPS, whose digits fill the frame."""
+    usps = load_standard("usps", "train", size=28, data_dir=SHARED_DATA.resolve())
+    return Centroids(usps.x[:3000], usps.y[:3000]).eval()
+
+
+def test_mnist_is_read_enlarged_by_parties_of_frame_filling_digits(digits, usps_party):
+    mnist = digits["mnist"]
+    x, y = mnist.x[:1000], mnist.y[:1000]
+    # a claimed loss above the parties' entropy: the target as given is not new to them
+    choice = search_with_enlargements([usps_party], ArraySource(x), 10, [5.0], seed=0)
+    assert choice.reading.scale == 1.4 and choice.declined is None
+    assert _accuracy(usps_party, choice.reading.apply(x), y) > \
+        _accuracy(usps_party, x, y) + 0.2  # 0.58 against 0.27
+    assert set(choice.information) >= {r.spec() for r in READINGS + ENLARGEMENTS}
+    assert choice.to_dict()["declined"] is None
+
+
+def test_an_enlargement_is_declined_where_the_target_as_given_is_new(digits, usps_party):
+    x = digits["mnist"].x[:1000]
+    wide = search_with_enlargements([usps_party], ArraySource(x), 10, [5.0], seed=0)
+    # a claimed loss of 0: their entropy on the target is far above it, the target is new
+    new = search_with_enlargements([usps_party], ArraySource(x), 10, [0.0], seed=0)
+    assert new.declined == wide.reading and new.reading.scale <= 1.0
+    assert new.reading == choose_reading([usps_party], ArraySource(x), 10, 0).reading
+    assert "new to them" in new.line() and new.to_dict()["declined"] == wide.reading.spec()
+
+
+def test_the_kept_reading_is_the_best_of_those_allowed_past_the_tie():
+    given, small, big = Reading(), Reading(0.7), Reading(1.4)
+    scored = {given: 0.40, small: 0.50, big: 1.00}
+    assert kept_reading(scored, 10) == big
+    assert kept_reading(scored, 10, READINGS) == small  # enlargements not allowed
+    assert kept_reading({given: 0.40, small: 0.405, big: 1.0}, 10, READINGS) == given  # a tie

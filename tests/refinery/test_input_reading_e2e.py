@@ -116,7 +116,8 @@ def test_a_factor_on_vectors_is_refused():
     with pytest.raises(InputError, match="applies to images"):
         align_input(state)
     state.config = RefineConfig(input_reading="search")
-    state.plan, state.received = SimpleNamespace(locals_=[]), SimpleNamespace(num_classes=3)
+    state.plan = SimpleNamespace(locals_=[], locals_received=[])
+    state.received = SimpleNamespace(num_classes=3)
     state.dev = "cpu"
     align_input(state)  # searching vectors is not an error: it says it did not search
     assert state.input_reading.reason == "not images" and state.source.x.shape == (20, 6)
