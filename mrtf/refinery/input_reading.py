@@ -142,9 +142,39 @@ def sample_rows(m_total: int, parties: int, seed: int) -> np.ndarray:
 def information_of(parties: Sequence[nn.Module], x: np.ndarray,
                    device: torch.device | str | None = None) -> float:
     """I(p̄) in nats of the parties' mean softmax on the images ``x``."""
-    logits = teacher_logits(parties, ArraySource(x), device=device).logits
+    return _information(teacher_logits(parties, ArraySource(x), device=device).logits)
+
+
+def _information(logits: np.ndarray) -> float:
     probs = torch.softmax(torch.from_numpy(logits).double(), dim=2).mean(0)
     return label_information(probs.numpy())
+
+
+@dataclass(frozen=True)
+class _Scored:
+    """The search's sample ``x``, each reading's information on it, and the parties' logits
+    on it as given (what :func:`new_as_given` reads again)."""
+
+    x: np.ndarray
+    information: dict[Reading, float]
+    given_logits: np.ndarray
+
+
+def _score(parties: Sequence[nn.Module], source: Any, seed: int,
+           device: torch.device | str | None, readings: Sequence[Reading]) -> _Scored:
+    x = source.take(sample_rows(len(source), len(parties), seed))
+    information, given_logits = {}, None
+    for r in dict.fromkeys([Reading(), *readings]):
+        logits = teacher_logits(parties, ArraySource(r.apply(x)), device=device).logits
+        information[r] = _information(logits)
+        if r.as_given:
+            given_logits = logits
+    return _Scored(x, information, given_logits)
+
+
+def _choice(scored: _Scored, num_classes: int) -> ReadingChoice:
+    return ReadingChoice(kept_reading(scored.information, num_classes),
+                         {r.spec(): v for r, v in scored.information.items()}, len(scored.x))
 
 
 def choose_reading(parties: Sequence[nn.Module], source: Any, num_classes: int, seed: int = 0,
@@ -154,12 +184,7 @@ def choose_reading(parties: Sequence[nn.Module], source: Any, num_classes: int, 
     information about a sample of ``source`` (as given on a tie; the module docstring)."""
     if not is_image_shape(tuple(source.sample_shape)):
         return ReadingChoice(Reading(), reason="not images")
-    rows = sample_rows(len(source), len(parties), seed)
-    x = source.take(rows)
-    scored = {r: information_of(parties, r.apply(x), device)
-              for r in dict.fromkeys([Reading(), *readings])}
-    return ReadingChoice(kept_reading(scored, num_classes),
-                         {r.spec(): v for r, v in scored.items()}, len(rows))
+    return _choice(_score(parties, source, seed, device, readings), num_classes)
 
 
 def kept_reading(scored: Mapping[Reading, float], num_classes: int,
@@ -173,13 +198,13 @@ def kept_reading(scored: Mapping[Reading, float], num_classes: int,
     return best if scored[best] - scored[given] > tie else given
 
 
-def new_as_given(parties: Sequence[nn.Module], x: np.ndarray,
+def new_as_given(parties: Sequence[nn.Module], x: np.ndarray, logits: np.ndarray,
                  train_losses: Sequence[float | None],
                  device: torch.device | str | None = None) -> bool:
     """Whether the target's images ``x``, as given, are new to the parties by the adaptive
-    default's reading (novelty.py: their entropy against the losses they claim, and for
-    networks with BatchNorm the shift of their features), on the search's sample."""
-    logits = teacher_logits(parties, ArraySource(x), device=device).logits
+    default's reading (novelty.py: their entropy, from their ``logits`` on ``x``, against the
+    losses they claim, and for networks with BatchNorm the shift of their features), on the
+    search's sample."""
     shift = feature_shift(parties, ArraySource(x), device or "cpu")
     return target_novelty(logits, train_losses, shift=shift).adapt
 
@@ -189,16 +214,16 @@ def search_with_enlargements(parties: Sequence[nn.Module], source: Any, num_clas
                              device: torch.device | str | None = None) -> ReadingChoice:
     """:func:`choose_reading` over :data:`READINGS` and :data:`ENLARGEMENTS`; an enlargement
     kept only where the target as given is not new to the parties (the module docstring),
-    else the best of :data:`READINGS`, the enlargement named as declined."""
-    choice = choose_reading(parties, source, num_classes, seed, device,
-                            READINGS + ENLARGEMENTS)
-    if choice.reading.scale <= 1.0:
+    else the best of :data:`READINGS`, the enlargement named as declined. One pass of the
+    parties per reading: the novelty reads the as-given logits of the search."""
+    if not is_image_shape(tuple(source.sample_shape)):
+        return ReadingChoice(Reading(), reason="not images")
+    scored = _score(parties, source, seed, device, READINGS + ENLARGEMENTS)
+    choice = _choice(scored, num_classes)
+    if choice.reading.scale <= 1.0 or not new_as_given(parties, scored.x, scored.given_logits,
+                                                       train_losses, device):
         return choice
-    x = source.take(sample_rows(len(source), len(parties), seed))
-    if not new_as_given(parties, x, train_losses, device):
-        return choice
-    scored = {Reading.parse(k): v for k, v in choice.information.items()}
-    return replace(choice, reading=kept_reading(scored, num_classes, READINGS),
+    return replace(choice, reading=kept_reading(scored.information, num_classes, READINGS),
                    declined=choice.reading)
 
 
